@@ -1,0 +1,45 @@
+# Tenure — the two commands of the README contract:
+#   make demo   create the virtualenv, install, run the demo on the embedded default (SQLite, no service)
+#   make test   install the dev dependencies, make sure PostgreSQL and Redis answer, run the whole suite
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip --disable-pip-version-check -q
+
+.PHONY: demo test install dev services lint bench clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --upgrade pip
+
+$(VENV)/.installed: $(PY) pyproject.toml
+	$(PIP) install -e .
+	touch $@
+
+$(VENV)/.installed-dev: $(VENV)/.installed pyproject.toml
+	$(PIP) install -e '.[dev]'
+	touch $@
+
+install: $(VENV)/.installed
+
+dev: $(VENV)/.installed-dev
+
+demo: install
+	$(PY) -m tenure.demo
+
+services:
+	scripts/ensure-services.sh
+
+lint: dev
+	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
+
+test: dev services
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+bench: dev services
+	$(PY) bench/claim.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache .mypy_cache .ruff_cache tenure.db*

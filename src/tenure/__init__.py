@@ -1,0 +1,59 @@
+"""Tenure: a runtime for AI-agent jobs.
+
+    from tenure import Tenure, Context
+
+    app = Tenure()
+
+    @app.agent("echo")
+    async def echo(ctx: Context, input: dict) -> dict:
+        await ctx.emit("message.delta", {"text": "hi"})
+        return input
+"""
+
+from tenure.app import LocalClient, connect
+from tenure.contracts.errors import (
+    ConfigError,
+    IdempotencyConflict,
+    InputTooLarge,
+    InvalidRequest,
+    JobCancelled,
+    NotFound,
+    OwnershipLost,
+    PermanentError,
+    RetryableError,
+    StoreUnavailable,
+    TenureError,
+    UnknownAgent,
+)
+from tenure.contracts.states import JobState, WorkerState
+from tenure.contracts.types import Event, Job
+from tenure.control.admission import JobRequest
+from tenure.kernel.context import Context
+from tenure.kernel.registry import Tenure
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ConfigError",
+    "Context",
+    "Event",
+    "IdempotencyConflict",
+    "InputTooLarge",
+    "InvalidRequest",
+    "Job",
+    "JobCancelled",
+    "JobRequest",
+    "JobState",
+    "LocalClient",
+    "NotFound",
+    "OwnershipLost",
+    "PermanentError",
+    "RetryableError",
+    "StoreUnavailable",
+    "Tenure",
+    "TenureError",
+    "UnknownAgent",
+    "WorkerState",
+    "__version__",
+    "connect",
+]

@@ -1,0 +1,147 @@
+"""The composition root: builds backends from URLs and wires the layers together.
+
+`connect()` is the Python API for submitting and inspecting jobs directly against the store:
+
+    async with tenure.connect(app, "postgresql://...") as client:
+        job_id = await client.submit("summarize", {"text": "..."}, idempotency_key="req-42")
+        job = await client.wait(job_id)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import sys
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+from tenure.backends.postgres import PostgresStore
+from tenure.backends.sqlite import SqliteStore
+from tenure.contracts.errors import ConfigError, NotFound
+from tenure.contracts.store import Store
+from tenure.contracts.types import Event, Job, JobFilter, WorkerInfo, parse_cursor
+from tenure.contracts.states import JobState
+from tenure.control.admission import Admission, AdmissionLimits, JobRequest
+from tenure.kernel.registry import Tenure
+from tenure.settings import Settings
+
+
+def load_app(spec: str) -> Tenure:
+    """Import `module:attribute` and check that it is a Tenure app."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ConfigError(f"--app {spec!r}: expected module:attribute, e.g. tenure.examples:app")
+    if "" not in sys.path and "." not in sys.path:
+        sys.path.insert(0, "")  # like `python -m`: apps in the working directory are importable
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"--app {spec!r}: cannot import {module_name}: {exc}") from exc
+    app = getattr(module, attr, None)
+    if not isinstance(app, Tenure):
+        raise ConfigError(f"--app {spec!r}: {module_name}.{attr} is not a tenure.Tenure app")
+    return app
+
+
+async def open_store(settings: Settings, *, migrate: bool = True) -> Store:
+    """Open the store named by `settings.database_url`, applying migrations unless told not to."""
+    url = settings.database_url
+    store: Store
+    if url.startswith("sqlite:"):
+        store = await SqliteStore.connect(url, synchronous=settings.sqlite_synchronous)
+    else:
+        store = await PostgresStore.connect(url)
+    if migrate:
+        try:
+            await store.migrate()
+        except BaseException:
+            await store.close()
+            raise
+    return store
+
+
+class LocalClient:
+    """Submit and inspect jobs directly against the store (no gateway in between)."""
+
+    def __init__(self, store: Store, admission: Admission) -> None:
+        self.store = store
+        self.admission = admission
+
+    async def submit(
+        self,
+        agent: str,
+        input: Any = None,
+        *,
+        idempotency_key: str | None = None,
+        priority: int | None = None,
+        requires: Sequence[str] = (),
+        deadline_s: float | None = None,
+        max_attempts: int | None = None,
+        tenant: str = "default",
+    ) -> str:
+        """Admit one job and return its id (the original job's id when the idempotency key was seen)."""
+        req = JobRequest(agent, input, priority, requires, deadline_s, max_attempts, idempotency_key, tenant)
+        return (await self.admission.submit(req)).job_id
+
+    async def submit_many(self, requests: Sequence[JobRequest]) -> list[str]:
+        """Admit a batch in one round trip; all are validated before any is written."""
+        return [e.job_id for e in await self.admission.submit_many(requests)]
+
+    async def job(self, job_id: str, tenant: str | None = None) -> Job:
+        job = await self.store.get_job(_job_id(job_id), tenant)
+        if job is None:
+            raise NotFound(f"no job {job_id}")
+        return job
+
+    async def jobs(
+        self, *, state: JobState | None = None, agent: str | None = None, limit: int = 50,
+        before: str | None = None, tenant: str | None = None,
+    ) -> list[Job]:
+        return await self.store.list_jobs(JobFilter(tenant, state, agent, before, limit))
+
+    async def events(self, job_id: str, after: str | None = None, limit: int = 1000) -> list[Event]:
+        await self.job(job_id)
+        return await self.store.read_events(_job_id(job_id), parse_cursor(after) if after else None, limit)
+
+    async def requeue(self, job_id: str) -> Job:
+        return await self.store.requeue(_job_id(job_id))
+
+    async def workers(self, include_gone: bool = False) -> list[WorkerInfo]:
+        return await self.store.list_workers(include_gone)
+
+    async def wait(self, job_id: str, timeout_s: float | None = None, poll_s: float = 0.05) -> Job:
+        """Poll until the job reaches a terminal state (or raise TimeoutError)."""
+        async with asyncio.timeout(timeout_s):
+            while True:
+                job = await self.job(job_id)
+                if job.state.terminal:
+                    return job
+                await asyncio.sleep(poll_s)
+
+
+def _job_id(text: str) -> str:
+    import uuid
+
+    try:
+        return str(uuid.UUID(text))
+    except (ValueError, AttributeError, TypeError):
+        raise NotFound(f"no job {text!r} (job ids are UUIDs)") from None
+
+
+@asynccontextmanager
+async def connect(
+    app: Tenure | str | None = None, database_url: str | None = None, settings: Settings | None = None
+) -> AsyncIterator[LocalClient]:
+    """Open a `LocalClient` on the configured store. `app` (or `TENURE_APP`) defines the admissible agents."""
+    settings = settings or Settings.from_env()
+    if database_url is not None:
+        settings = settings.replace(database_url=database_url)
+    if app is None or isinstance(app, str):
+        app = load_app(app or settings.app)
+    store = await open_store(settings)
+    limits = AdmissionLimits(max_input_bytes=settings.max_input_bytes, default_deadline_s=settings.default_deadline_s)
+    try:
+        yield LocalClient(store, Admission(store, app.specs(), limits))
+    finally:
+        await store.close()

@@ -1,0 +1,1 @@
+"""Implementations of the contracts' protocols: sqlite/, postgres/, redis/. Import contracts only."""

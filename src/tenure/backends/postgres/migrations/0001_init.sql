@@ -1,0 +1,115 @@
+-- Tenure schema v1: jobs, executions, events, workers, leases.
+-- Times are the server's clock (now()). JSON values are stored as `json` (validated text: the runtime
+-- never queries inside them, and text avoids a parse-and-rebuild on every write).
+
+CREATE TABLE jobs (
+    id                   uuid PRIMARY KEY,
+    tenant               text NOT NULL,
+    agent                text NOT NULL,
+    input                json NOT NULL,
+    priority             smallint NOT NULL DEFAULT 0,
+    requires             text[] NOT NULL DEFAULT '{}',
+    idem_digest          bytea,
+    request_fingerprint  bytea NOT NULL,
+    deadline             timestamptz,
+    state                text NOT NULL DEFAULT 'queued',
+    owner                text,
+    claimed_at           timestamptz,
+    claim_expires_at     timestamptz,
+    epoch                integer NOT NULL DEFAULT 0,
+    token                bigint,
+    execution_id         uuid,
+    execution_started_at timestamptz,
+    attempts             integer NOT NULL DEFAULT 0,
+    max_attempts         integer NOT NULL,
+    next_attempt_at      timestamptz,
+    cancel_requested_at  timestamptz,
+    timeout_s            double precision,
+    retry_safe           boolean NOT NULL DEFAULT false,
+    result               json,
+    error_code           text,
+    error_message        text,
+    created_at           timestamptz NOT NULL DEFAULT now(),
+    updated_at           timestamptz NOT NULL DEFAULT now(),
+    finished_at          timestamptz
+);
+-- The idempotency answer lives on the job itself: one row per (tenant, key digest).
+CREATE UNIQUE INDEX jobs_idem ON jobs (tenant, idem_digest) WHERE idem_digest IS NOT NULL;
+-- Claimable jobs, in claim order. Also scanned by the sweeper for queue deadlines.
+CREATE INDEX jobs_ready ON jobs (priority DESC, id) WHERE state = 'queued' AND owner IS NULL;
+-- Owned jobs by claim expiry: what the sweeper checks for dead owners.
+CREATE INDEX jobs_owned ON jobs (claim_expires_at) WHERE owner IS NOT NULL;
+-- Jobs waiting out a retry backoff.
+CREATE INDEX jobs_scheduled ON jobs (next_attempt_at) WHERE state = 'scheduled';
+
+-- One row per real attempt, written when the attempt ends (by its owner, or by the sweeper when lost):
+-- a running attempt is described by its job row, so a job costs one execution write, not two.
+CREATE TABLE executions (
+    id                  uuid PRIMARY KEY,
+    job_id              uuid NOT NULL,
+    epoch               integer NOT NULL,
+    worker_id           text NOT NULL,
+    started_at          timestamptz NOT NULL,
+    ended_at            timestamptz NOT NULL DEFAULT now(),
+    outcome             text NOT NULL,
+    usage               json,
+    parent_execution_id uuid
+);
+CREATE INDEX executions_job ON executions (job_id, epoch);
+
+-- The durable history. (job_id, epoch) names one execution, so the key is unique per (execution, seq)
+-- and is also the per-job cursor.
+CREATE TABLE events (
+    job_id       uuid NOT NULL,
+    epoch        integer NOT NULL,
+    seq          integer NOT NULL,
+    execution_id uuid,
+    type         text NOT NULL,
+    payload      json,
+    ts           timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (job_id, epoch, seq)
+);
+
+CREATE TABLE workers (
+    id             text PRIMARY KEY,
+    host           text NOT NULL,
+    pid            integer NOT NULL,
+    concurrency    integer NOT NULL,
+    agents         text[] NOT NULL DEFAULT '{}',
+    capabilities   text[] NOT NULL DEFAULT '{}',
+    state          text NOT NULL DEFAULT 'active',
+    in_flight      integer NOT NULL DEFAULT 0,
+    started_at     timestamptz NOT NULL DEFAULT now(),
+    last_heartbeat timestamptz NOT NULL DEFAULT now()
+);
+
+-- Named, per-holder, heartbeated slots (quotas; the sweeper duty is the key 'duty:sweeper' with limit 1).
+CREATE TABLE leases (
+    key        text NOT NULL,
+    holder     text NOT NULL,
+    expires_at timestamptz NOT NULL,
+    PRIMARY KEY (key, holder)
+);
+
+-- Lease acquire in one round trip: the advisory lock serialises acquirers of one key, and each statement of a
+-- volatile function takes a fresh snapshot, so the count below sees every acquire committed before us.
+CREATE FUNCTION tenure_lease_acquire(p_key text, p_holder text, p_limit integer, p_ttl double precision)
+RETURNS boolean LANGUAGE plpgsql AS $$
+DECLARE
+    held integer;
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtextextended('tenure_lease:' || p_key, 0));
+    DELETE FROM leases WHERE key = p_key AND expires_at <= now();
+    UPDATE leases SET expires_at = now() + make_interval(secs => p_ttl)
+     WHERE key = p_key AND holder = p_holder;
+    IF FOUND THEN
+        RETURN true;  -- idempotent for the same holder
+    END IF;
+    SELECT count(*) INTO held FROM leases WHERE key = p_key;
+    IF held >= p_limit THEN
+        RETURN false;
+    END IF;
+    INSERT INTO leases (key, holder, expires_at) VALUES (p_key, p_holder, now() + make_interval(secs => p_ttl));
+    RETURN true;
+END
+$$;

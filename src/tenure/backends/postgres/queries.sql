@@ -1,0 +1,354 @@
+-- PostgreSQL queries of the Tenure store. Each is one round trip; batches travel as parallel arrays.
+-- Times are the server's clock; times returned to Python are epoch seconds (float8).
+
+-- name: enqueue_jobs --
+-- Insert a batch of jobs, skipping any whose (tenant, idempotency digest) exists; one NOTIFY if any row was new.
+WITH ins AS (
+    INSERT INTO jobs (id, tenant, agent, input, priority, requires, idem_digest, request_fingerprint,
+                      deadline, max_attempts, timeout_s, retry_safe)
+    SELECT x.id, x.tenant, x.agent, x.input::json, x.priority, string_to_array(x.requires, ','),
+           x.idem_digest, x.fingerprint, now() + make_interval(secs => x.deadline_s),
+           x.max_attempts, x.timeout_s, x.retry_safe
+      FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::int2[], $6::text[], $7::bytea[],
+                  $8::bytea[], $9::float8[], $10::int4[], $11::float8[], $12::bool[])
+           AS x(id, tenant, agent, input, priority, requires, idem_digest, fingerprint, deadline_s,
+                max_attempts, timeout_s, retry_safe)
+    ON CONFLICT (tenant, idem_digest) WHERE idem_digest IS NOT NULL DO NOTHING
+    RETURNING id
+), wake AS (
+    SELECT pg_notify('tenure_jobs', '') FROM (SELECT 1 FROM ins LIMIT 1) AS one
+)
+SELECT id::text, (SELECT count(*) FROM wake) AS woke FROM ins
+
+-- name: find_by_idem --
+-- The existing jobs of one tenant with these idempotency digests (the answer to a replayed key).
+SELECT id::text, idem_digest, request_fingerprint FROM jobs WHERE tenant = $1 AND idem_digest = ANY($2::bytea[])
+
+-- name: get_job --
+-- One job, optionally restricted to a tenant.
+SELECT id::text, tenant, agent, input::text, priority, requires, state, owner, epoch, execution_id::text,
+       attempts, max_attempts, timeout_s, retry_safe, result::text, error_code, error_message,
+       extract(epoch FROM created_at)::float8 AS created_at,
+       extract(epoch FROM updated_at)::float8 AS updated_at,
+       extract(epoch FROM claimed_at)::float8 AS claimed_at,
+       extract(epoch FROM claim_expires_at)::float8 AS claim_expires_at,
+       extract(epoch FROM execution_started_at)::float8 AS execution_started_at,
+       extract(epoch FROM next_attempt_at)::float8 AS next_attempt_at,
+       extract(epoch FROM deadline)::float8 AS deadline,
+       extract(epoch FROM cancel_requested_at)::float8 AS cancel_requested_at,
+       extract(epoch FROM finished_at)::float8 AS finished_at
+  FROM jobs WHERE id = $1::uuid AND ($2::text IS NULL OR tenant = $2)
+
+-- name: list_jobs --
+-- Jobs matching optional tenant / state / agent filters, newest first, before an id cursor.
+SELECT id::text, tenant, agent, input::text, priority, requires, state, owner, epoch, execution_id::text,
+       attempts, max_attempts, timeout_s, retry_safe, result::text, error_code, error_message,
+       extract(epoch FROM created_at)::float8 AS created_at,
+       extract(epoch FROM updated_at)::float8 AS updated_at,
+       extract(epoch FROM claimed_at)::float8 AS claimed_at,
+       extract(epoch FROM claim_expires_at)::float8 AS claim_expires_at,
+       extract(epoch FROM execution_started_at)::float8 AS execution_started_at,
+       extract(epoch FROM next_attempt_at)::float8 AS next_attempt_at,
+       extract(epoch FROM deadline)::float8 AS deadline,
+       extract(epoch FROM cancel_requested_at)::float8 AS cancel_requested_at,
+       extract(epoch FROM finished_at)::float8 AS finished_at
+  FROM jobs
+ WHERE ($1::text IS NULL OR tenant = $1) AND ($2::text IS NULL OR state = $2)
+   AND ($3::text IS NULL OR agent = $3) AND ($4::uuid IS NULL OR id < $4::uuid)
+ ORDER BY id DESC LIMIT $5
+
+-- name: claim_jobs --
+-- The claim CAS, batched: lock up to $4 claimable jobs (SKIP LOCKED) and take them with epoch + 1 and a token.
+WITH candidates AS (
+    SELECT id FROM jobs
+     WHERE state = 'queued' AND owner IS NULL
+       AND agent = ANY($2::text[]) AND requires <@ $3::text[]
+       AND (deadline IS NULL OR deadline > now())
+     ORDER BY priority DESC, id
+     LIMIT $4
+       FOR UPDATE SKIP LOCKED
+)
+UPDATE jobs AS j
+   SET owner = $1, claimed_at = now(), claim_expires_at = now() + make_interval(secs => $5),
+       epoch = j.epoch + 1, token = $6, updated_at = now()
+  FROM candidates AS c
+ WHERE j.id = c.id AND j.state = 'queued' AND j.owner IS NULL AND j.claimed_at IS NULL
+   AND j.execution_id IS NULL AND j.execution_started_at IS NULL
+RETURNING j.id::text, j.epoch, j.agent, j.input::text, j.attempts, j.max_attempts, j.timeout_s, j.retry_safe,
+          j.tenant
+
+-- name: start_executions --
+-- The start CAS, batched: owner, epoch and token must match an unstarted claim; appends execution.started (seq 1).
+WITH x AS (
+    SELECT * FROM unnest($2::uuid[], $3::int4[], $4::int8[], $5::uuid[]) AS x(job_id, epoch, token, execution_id)
+), s AS (
+    UPDATE jobs AS j
+       SET state = 'running', execution_id = x.execution_id, execution_started_at = now(),
+           attempts = j.attempts + 1, updated_at = now()
+      FROM x
+     WHERE j.id = x.job_id AND j.state = 'queued' AND j.owner = $1 AND j.claimed_at IS NOT NULL
+       AND j.epoch = x.epoch AND j.token = x.token AND j.execution_id IS NULL AND j.execution_started_at IS NULL
+    RETURNING j.id, j.epoch, j.execution_id, j.attempts, j.execution_started_at
+), ev AS (
+    INSERT INTO events (job_id, epoch, seq, execution_id, type, payload, ts)
+    SELECT s.id, s.epoch, 1, s.execution_id, 'execution.started',
+           json_build_object('worker_id', $1::text, 'attempt', s.attempts), s.execution_started_at
+      FROM s
+)
+SELECT id::text, attempts, extract(epoch FROM execution_started_at)::float8 AS started_at FROM s
+
+-- name: finish_executions --
+-- The finish CAS, batched: execution id, epoch and token must match a running or waiting job. Appends the
+-- finishing event and the execution record. A retry (state 'scheduled') returns the job to the unowned shape.
+WITH x AS (
+    SELECT * FROM unnest($1::uuid[], $2::int4[], $3::int8[], $4::uuid[], $5::text[], $6::text[], $7::text[],
+                         $8::text[], $9::float8[], $10::int4[], $11::float8[], $12::text[])
+           AS x(job_id, epoch, token, execution_id, state, result, error_code, error_message, retry_delay_s,
+                seq, started_at, usage)
+), f AS (
+    UPDATE jobs AS j
+       SET state = x.state, result = x.result::json, error_code = x.error_code, error_message = x.error_message,
+           owner = NULL, claim_expires_at = NULL,
+           claimed_at = CASE WHEN x.state = 'scheduled' THEN NULL ELSE j.claimed_at END,
+           token = CASE WHEN x.state = 'scheduled' THEN NULL ELSE j.token END,
+           execution_id = CASE WHEN x.state = 'scheduled' THEN NULL ELSE j.execution_id END,
+           execution_started_at = CASE WHEN x.state = 'scheduled' THEN NULL ELSE j.execution_started_at END,
+           next_attempt_at = CASE WHEN x.state = 'scheduled'
+                                  THEN now() + make_interval(secs => x.retry_delay_s) END,
+           finished_at = CASE WHEN x.state = 'scheduled' THEN NULL ELSE now() END,
+           updated_at = now()
+      FROM x
+     WHERE j.id = x.job_id AND j.execution_id = x.execution_id AND j.epoch = x.epoch AND j.token = x.token
+       AND j.state IN ('running', 'waiting')
+    RETURNING j.id, j.next_attempt_at
+), ev AS (
+    INSERT INTO events (job_id, epoch, seq, execution_id, type, payload)
+    SELECT x.job_id, x.epoch, x.seq, x.execution_id,
+           CASE WHEN x.state = 'scheduled' THEN 'execution.retrying' ELSE 'job.' || x.state END,
+           json_build_object('state', x.state, 'result', x.result::json, 'error_code', x.error_code,
+                             'error', x.error_message,
+                             'next_attempt_at', extract(epoch FROM f.next_attempt_at)::float8)
+      FROM x JOIN f ON f.id = x.job_id
+), ex AS (
+    INSERT INTO executions (id, job_id, epoch, worker_id, started_at, outcome, usage)
+    SELECT x.execution_id, x.job_id, x.epoch, $13, to_timestamp(x.started_at),
+           CASE WHEN x.state = 'scheduled' THEN 'failed' ELSE x.state END, x.usage::json
+      FROM x JOIN f ON f.id = x.job_id
+)
+SELECT id::text FROM f
+
+-- name: append_events --
+-- Fenced append, batched: each event is written only while its (job, epoch, token) owns a running or waiting
+-- job. FOR SHARE holds the job rows until commit so the sweeper cannot declare them lost in between.
+INSERT INTO events (job_id, epoch, seq, execution_id, type, payload)
+SELECT x.job_id, x.epoch, x.seq, x.execution_id, x.type, x.payload::json
+  FROM unnest($1::uuid[], $2::int4[], $3::int8[], $4::int4[], $5::uuid[], $6::text[], $7::text[])
+       AS x(job_id, epoch, token, seq, execution_id, type, payload)
+  JOIN (SELECT id, epoch, token FROM jobs
+         WHERE id = ANY($1::uuid[]) AND state IN ('running', 'waiting')
+         ORDER BY id FOR SHARE) AS j
+    ON j.id = x.job_id AND j.epoch = x.epoch AND j.token = x.token
+ON CONFLICT (job_id, epoch, seq) DO NOTHING
+RETURNING job_id::text
+
+-- name: owning_fences --
+-- Which of these fences still own a running or waiting job (the slow path after an append inserted nothing).
+SELECT j.id::text FROM jobs AS j
+  JOIN unnest($1::uuid[], $2::int4[], $3::int8[]) AS x(job_id, epoch, token)
+    ON j.id = x.job_id AND j.epoch = x.epoch AND j.token = x.token
+ WHERE j.state IN ('running', 'waiting')
+
+-- name: release_claims --
+-- Give back claims this worker never started (drain); wakes other workers.
+WITH r AS (
+    UPDATE jobs AS j
+       SET owner = NULL, claimed_at = NULL, claim_expires_at = NULL, token = NULL, updated_at = now()
+      FROM unnest($2::uuid[], $3::int4[], $4::int8[]) AS x(job_id, epoch, token)
+     WHERE j.id = x.job_id AND j.owner = $1 AND j.epoch = x.epoch AND j.token = x.token
+       AND j.state = 'queued' AND j.execution_started_at IS NULL
+    RETURNING j.id
+), wake AS (
+    SELECT pg_notify('tenure_jobs', '') FROM (SELECT 1 FROM r LIMIT 1) AS one
+)
+SELECT id::text, (SELECT count(*) FROM wake) AS woke FROM r
+
+-- name: heartbeat --
+-- One round trip per interval: the worker is alive, and every claim it still holds (by fence) is extended.
+WITH x AS (
+    SELECT * FROM unnest($4::uuid[], $5::int4[], $6::int8[]) AS x(job_id, epoch, token)
+), w AS (
+    UPDATE workers SET last_heartbeat = now(), state = $2, in_flight = $3 WHERE id = $1
+), r AS (
+    UPDATE jobs AS j SET claim_expires_at = now() + make_interval(secs => $7)
+      FROM x
+     WHERE j.id = x.job_id AND j.owner = $1 AND j.epoch = x.epoch AND j.token = x.token
+       AND j.state IN ('queued', 'running', 'waiting')
+    RETURNING j.id, j.cancel_requested_at IS NOT NULL AS cancel
+)
+SELECT id::text, cancel FROM r
+
+-- name: register_worker --
+-- Insert (or refresh) one worker incarnation in the registry.
+INSERT INTO workers (id, host, pid, concurrency, agents, capabilities, state)
+VALUES ($1, $2, $3, $4, $5, $6, $7)
+ON CONFLICT (id) DO UPDATE SET state = EXCLUDED.state, last_heartbeat = now()
+
+-- name: set_worker_state --
+-- Record a worker's lifecycle state.
+UPDATE workers SET state = $2, last_heartbeat = now() WHERE id = $1
+
+-- name: list_workers --
+-- The registry, with the jobs each worker owns now.
+SELECT w.id, w.host, w.pid, w.concurrency, w.agents, w.capabilities, w.state, w.in_flight,
+       extract(epoch FROM w.started_at)::float8 AS started_at,
+       extract(epoch FROM w.last_heartbeat)::float8 AS last_heartbeat,
+       ARRAY(SELECT j.id::text FROM jobs AS j WHERE j.owner = w.id ORDER BY j.id) AS jobs_held
+  FROM workers AS w
+ WHERE $1::bool OR w.state <> 'gone'
+ ORDER BY w.started_at, w.id
+
+-- name: read_events --
+-- A job's history after a cursor (epoch, seq), in cursor order.
+SELECT execution_id::text, epoch, seq, type, payload::text, extract(epoch FROM ts)::float8 AS ts
+  FROM events
+ WHERE job_id = $1::uuid AND (epoch, seq) > ($2, $3)
+ ORDER BY epoch, seq
+ LIMIT $4
+
+-- name: list_executions --
+-- Every recorded attempt of a job, oldest first.
+SELECT id::text, job_id::text, epoch, worker_id, extract(epoch FROM started_at)::float8 AS started_at,
+       extract(epoch FROM ended_at)::float8 AS ended_at, outcome, usage::text
+  FROM executions WHERE job_id = $1::uuid ORDER BY epoch
+
+-- name: requeue_job --
+-- Put a terminal job back in the queue with fresh attempts; appends job.requeued after its last event.
+WITH u AS (
+    UPDATE jobs
+       SET state = 'queued', attempts = 0, owner = NULL, claimed_at = NULL, claim_expires_at = NULL,
+           token = NULL, execution_id = NULL, execution_started_at = NULL, next_attempt_at = NULL,
+           cancel_requested_at = NULL, result = NULL, error_code = NULL, error_message = NULL,
+           finished_at = NULL, deadline = NULL, updated_at = now()
+     WHERE id = $1::uuid AND ($2::text IS NULL OR tenant = $2) AND state = ANY($3::text[])
+    RETURNING id, epoch
+), ev AS (
+    INSERT INTO events (job_id, epoch, seq, type, payload)
+    SELECT u.id, u.epoch,
+           COALESCE((SELECT max(e.seq) FROM events AS e WHERE e.job_id = u.id AND e.epoch = u.epoch), 0) + 1,
+           'job.requeued', '{}'::json
+      FROM u
+), wake AS (
+    SELECT pg_notify('tenure_jobs', '') FROM (SELECT 1 FROM u LIMIT 1) AS one
+)
+SELECT id::text, (SELECT count(*) FROM wake) AS woke FROM u
+
+-- name: sweep_release_expired --
+-- Release pre-start claims whose owner stopped heartbeating (the next claim bumps the epoch); wakes workers.
+WITH r AS (
+    UPDATE jobs SET owner = NULL, claimed_at = NULL, claim_expires_at = NULL, token = NULL, updated_at = now()
+     WHERE state = 'queued' AND owner IS NOT NULL AND execution_started_at IS NULL AND claim_expires_at < now()
+    RETURNING id
+), wake AS (
+    SELECT pg_notify('tenure_jobs', '') FROM (SELECT 1 FROM r LIMIT 1) AS one
+)
+SELECT id::text, (SELECT count(*) FROM wake) AS woke FROM r
+
+-- name: sweep_lock_lost --
+-- Lock running jobs whose claim expired (their owner is gone). SKIP LOCKED also skips rows a zombie is
+-- appending to right now; they are taken on the next sweep.
+SELECT id, epoch, execution_id, owner, extract(epoch FROM execution_started_at)::float8 AS started_at,
+       retry_safe, attempts, max_attempts
+  FROM jobs
+ WHERE state IN ('running', 'waiting') AND claim_expires_at < now()
+ ORDER BY id LIMIT 100
+   FOR UPDATE SKIP LOCKED
+
+-- name: sweep_mark_lost --
+-- Move locked jobs to lost, or (retry-safe with attempts left) back to the unowned queued shape, or dead.
+UPDATE jobs AS j
+   SET state = CASE WHEN NOT j.retry_safe THEN 'lost'
+                    WHEN j.attempts < j.max_attempts THEN 'queued' ELSE 'dead' END,
+       owner = NULL, claim_expires_at = NULL,
+       claimed_at = CASE WHEN j.retry_safe AND j.attempts < j.max_attempts THEN NULL ELSE j.claimed_at END,
+       token = CASE WHEN j.retry_safe AND j.attempts < j.max_attempts THEN NULL ELSE j.token END,
+       execution_id = CASE WHEN j.retry_safe AND j.attempts < j.max_attempts THEN NULL ELSE j.execution_id END,
+       execution_started_at = CASE WHEN j.retry_safe AND j.attempts < j.max_attempts
+                                   THEN NULL ELSE j.execution_started_at END,
+       finished_at = CASE WHEN j.retry_safe AND j.attempts < j.max_attempts THEN NULL ELSE now() END,
+       error_code = 'owner_lost', error_message = 'the worker running this job stopped heartbeating',
+       updated_at = now()
+ WHERE j.id = ANY($1::uuid[])
+RETURNING j.id::text, j.state
+
+-- name: sweep_lost_records --
+-- For jobs just declared lost: the execution record, and one event after the execution's last one.
+WITH x AS (
+    SELECT * FROM unnest($1::uuid[], $2::int4[], $3::uuid[], $4::text[], $5::float8[], $6::text[])
+           AS x(job_id, epoch, execution_id, worker_id, started_at, state)
+), ex AS (
+    INSERT INTO executions (id, job_id, epoch, worker_id, started_at, outcome)
+    SELECT x.execution_id, x.job_id, x.epoch, x.worker_id, to_timestamp(x.started_at), 'lost' FROM x
+)
+INSERT INTO events (job_id, epoch, seq, execution_id, type, payload)
+SELECT x.job_id, x.epoch,
+       COALESCE((SELECT max(e.seq) FROM events AS e WHERE e.job_id = x.job_id AND e.epoch = x.epoch), 0) + 1,
+       x.execution_id, CASE WHEN x.state = 'queued' THEN 'execution.lost' ELSE 'job.' || x.state END,
+       json_build_object('state', x.state, 'error_code', 'owner_lost', 'worker_id', x.worker_id)
+  FROM x
+
+-- name: sweep_expire --
+-- Queued (unowned) or scheduled jobs past their queue deadline become expired, with their terminal event.
+WITH u AS (
+    UPDATE jobs
+       SET state = 'expired', finished_at = now(), updated_at = now(), error_code = 'deadline_exceeded',
+           error_message = 'the job was not started before its queue deadline'
+     WHERE ((state = 'queued' AND owner IS NULL) OR state = 'scheduled') AND deadline < now()
+    RETURNING id, epoch
+), ev AS (
+    INSERT INTO events (job_id, epoch, seq, type, payload)
+    SELECT u.id, u.epoch,
+           COALESCE((SELECT max(e.seq) FROM events AS e WHERE e.job_id = u.id AND e.epoch = u.epoch), 0) + 1,
+           'job.expired', json_build_object('state', 'expired', 'error_code', 'deadline_exceeded')
+      FROM u
+)
+SELECT id::text FROM u
+
+-- name: sweep_due --
+-- Scheduled jobs whose backoff has passed go back to the queue; wakes workers.
+WITH u AS (
+    UPDATE jobs SET state = 'queued', next_attempt_at = NULL, updated_at = now()
+     WHERE state = 'scheduled' AND next_attempt_at <= now()
+    RETURNING id
+), wake AS (
+    SELECT pg_notify('tenure_jobs', '') FROM (SELECT 1 FROM u LIMIT 1) AS one
+)
+SELECT id::text, (SELECT count(*) FROM wake) AS woke FROM u
+
+-- name: sweep_workers_gone --
+-- Workers silent for longer than the given seconds are marked gone.
+UPDATE workers SET state = 'gone'
+ WHERE state <> 'gone' AND last_heartbeat < now() - make_interval(secs => $1)
+RETURNING id
+
+-- name: lease_acquire --
+-- Take one slot of a named limit for a holder (idempotent), or refuse when full.
+SELECT tenure_lease_acquire($1, $2, $3, $4)
+
+-- name: lease_renew --
+-- Extend every held lease still unexpired; returns the ones renewed.
+UPDATE leases AS l SET expires_at = now() + make_interval(secs => $3)
+  FROM unnest($1::text[], $2::text[]) AS x(key, holder)
+ WHERE l.key = x.key AND l.holder = x.holder AND l.expires_at > now()
+RETURNING l.key, l.holder
+
+-- name: lease_release --
+-- Give back one slot; releasing a slot not held does nothing.
+DELETE FROM leases WHERE key = $1 AND holder = $2
+
+-- name: lease_holders --
+-- Unexpired holders of a key.
+SELECT holder FROM leases WHERE key = $1 AND expires_at > now() ORDER BY holder
+
+-- name: server_time --
+-- The server's clock.
+SELECT extract(epoch FROM clock_timestamp())::float8

@@ -1,0 +1,469 @@
+"""`Store` and `Leases` on PostgreSQL with asyncpg.
+
+Connections: a small pool for the conditional updates, one connection reserved for claims, and one for
+LISTEN. The claim connection runs with `synchronous_commit = off`: a claim lost in a server crash is harmless,
+because the start CAS (committed synchronously) re-checks owner, epoch and token and matches no row. Every
+other write waits for its commit to be durable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import uuid
+from collections.abc import AsyncIterator, Iterable, Sequence
+from typing import Any
+
+import asyncpg
+
+from tenure.backends._queries import load_migrations, load_queries
+from tenure.contracts.errors import (
+    IdempotencyConflict,
+    IllegalTransition,
+    MigrationError,
+    NotFound,
+    StoreUnavailable,
+)
+from tenure.contracts.states import REQUEUEABLE, JobState, WorkerState
+from tenure.contracts.store import LeaseRef
+from tenure.contracts.types import (
+    Claim,
+    Enqueued,
+    Event,
+    Execution,
+    Fence,
+    Finish,
+    HeartbeatReply,
+    Job,
+    JobFilter,
+    NewEvent,
+    NewJob,
+    Start,
+    Started,
+    SweepReport,
+    WorkerInfo,
+    new_token,
+)
+
+log = logging.getLogger("tenure.store.postgres")
+
+Q = load_queries("tenure.backends.postgres")
+MIGRATIONS = load_migrations("tenure.backends.postgres")  # read at import, never on the event loop
+_CHANNEL = "tenure_jobs"
+_DRIVER_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, asyncio.TimeoutError)
+_REQUEUEABLE = sorted(s.value for s in REQUEUEABLE)
+
+
+def _dsn(url: str) -> str:
+    # asyncpg understands postgresql:// and postgres://; accept SQLAlchemy-style driver suffixes too.
+    for prefix in ("postgresql+asyncpg://", "postgres+asyncpg://"):
+        if url.startswith(prefix):
+            return "postgresql://" + url[len(prefix) :]
+    return url
+
+
+@contextlib.contextmanager
+def _translate(what: str) -> Any:
+    try:
+        yield
+    except _DRIVER_ERRORS as exc:
+        raise StoreUnavailable(f"PostgreSQL failed during {what}: {exc}") from exc
+
+
+def _job(row: asyncpg.Record) -> Job:
+    return Job(
+        id=row["id"],
+        tenant=row["tenant"],
+        agent=row["agent"],
+        input=json.loads(row["input"]),
+        priority=row["priority"],
+        requires=tuple(row["requires"]),
+        state=JobState(row["state"]),
+        owner=row["owner"],
+        epoch=row["epoch"],
+        execution_id=row["execution_id"],
+        attempts=row["attempts"],
+        max_attempts=row["max_attempts"],
+        timeout_s=row["timeout_s"],
+        retry_safe=row["retry_safe"],
+        result=None if row["result"] is None else json.loads(row["result"]),
+        error_code=row["error_code"],
+        error_message=row["error_message"],
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+        claimed_at=row["claimed_at"],
+        claim_expires_at=row["claim_expires_at"],
+        execution_started_at=row["execution_started_at"],
+        next_attempt_at=row["next_attempt_at"],
+        deadline=row["deadline"],
+        cancel_requested_at=row["cancel_requested_at"],
+        finished_at=row["finished_at"],
+    )
+
+
+def _is_uuid(text: str) -> bool:
+    try:
+        uuid.UUID(text)
+    except (ValueError, AttributeError, TypeError):
+        return False
+    return True
+
+
+def _fence_arrays(fences: Iterable[Fence]) -> tuple[list[str], list[int], list[int]]:
+    ids, epochs, tokens = [], [], []
+    for f in fences:
+        ids.append(f.job_id)
+        epochs.append(f.epoch)
+        tokens.append(f.token)
+    return ids, epochs, tokens
+
+
+class PostgresStore:
+    """The Tenure store on PostgreSQL. Create with `await PostgresStore.connect(url)`."""
+
+    dialect = "postgres"
+
+    def __init__(self, url: str, pool: asyncpg.Pool, claim_conn: asyncpg.Connection) -> None:
+        self._url = url
+        self._pool = pool
+        self._claim_conn = claim_conn
+        self._claim_lock = asyncio.Lock()
+        self._listen_conn: asyncpg.Connection | None = None
+        self._listen_lock = asyncio.Lock()
+        self._wake = asyncio.Event()
+        self._closed = False
+
+    @classmethod
+    async def connect(cls, url: str, pool_size: int = 4) -> PostgresStore:
+        """Open the pool and the claim connection. Does not migrate (see `migrate`)."""
+        dsn = _dsn(url)
+        with _translate("connect"):
+            pool = await asyncpg.create_pool(dsn, min_size=1, max_size=pool_size)
+            try:
+                claim_conn = await asyncpg.connect(dsn, server_settings={"synchronous_commit": "off"})
+            except BaseException:
+                await pool.close()
+                raise
+        return cls(url, pool, claim_conn)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for conn in (self._listen_conn, self._claim_conn):
+            if conn is not None and not conn.is_closed():
+                with contextlib.suppress(*_DRIVER_ERRORS):
+                    await conn.close(timeout=2)
+        with contextlib.suppress(*_DRIVER_ERRORS):
+            await asyncio.wait_for(self._pool.close(), 5)
+
+    @contextlib.asynccontextmanager
+    async def _conn(self, what: str) -> AsyncIterator[asyncpg.Connection]:
+        with _translate(what):
+            async with self._pool.acquire() as conn:
+                yield conn
+
+    # -- lifecycle ---------------------------------------------------------------------------------------------
+    async def schema_version(self) -> int:
+        async with self._conn("schema_version") as conn:
+            exists = await conn.fetchval("SELECT to_regclass('tenure_migrations') IS NOT NULL")
+            if not exists:
+                return 0
+            return int(await conn.fetchval("SELECT coalesce(max(version), 0) FROM tenure_migrations"))
+
+    async def migrate(self) -> int:
+        migrations = MIGRATIONS
+        async with self._conn("migrate") as conn, conn.transaction():
+            # One migrator at a time across every process that starts together.
+            await conn.execute("SELECT pg_advisory_xact_lock(hashtextextended('tenure_migrate', 0))")
+            await conn.execute(
+                "CREATE TABLE IF NOT EXISTS tenure_migrations ("
+                " version integer PRIMARY KEY, name text NOT NULL,"
+                " applied_at timestamptz NOT NULL DEFAULT now())"
+            )
+            current = int(await conn.fetchval("SELECT coalesce(max(version), 0) FROM tenure_migrations"))
+            if current > len(migrations):
+                raise MigrationError(
+                    f"the database schema is at version {current}, newer than this code knows "
+                    f"({len(migrations)}); upgrade tenure"
+                )
+            for version, name, sql in migrations[current:]:
+                try:
+                    await conn.execute(sql)
+                except asyncpg.PostgresError as exc:
+                    raise MigrationError(f"migration {version:04d}_{name} failed: {exc}") from exc
+                await conn.execute("INSERT INTO tenure_migrations (version, name) VALUES ($1, $2)", version, name)
+            return len(migrations)
+
+    async def server_time(self) -> float:
+        async with self._conn("server_time") as conn:
+            return float(await conn.fetchval(Q["server_time"]))
+
+    # -- admission ---------------------------------------------------------------------------------------------
+    async def enqueue(self, jobs: Sequence[NewJob]) -> list[Enqueued]:
+        if not jobs:
+            return []
+        cols: list[list[Any]] = [[] for _ in range(12)]
+        for j in jobs:
+            for i, v in enumerate(
+                (j.id, j.tenant, j.agent, j.input_json, j.priority, ",".join(j.requires), j.idem_digest,
+                 j.request_fingerprint, j.deadline_s, j.max_attempts, j.timeout_s, j.retry_safe)
+            ):
+                cols[i].append(v)
+        async with self._conn("enqueue") as conn:
+            rows = await conn.fetch(Q["enqueue_jobs"], *cols)
+            created = {r[0] for r in rows}
+            out: list[Enqueued] = []
+            missing = [j for j in jobs if j.id not in created]
+            existing: dict[tuple[str, bytes], tuple[str, bytes]] = {}
+            if missing:
+                by_tenant: dict[str, list[bytes]] = {}
+                for j in missing:
+                    assert j.idem_digest is not None  # only a key conflict skips a row
+                    by_tenant.setdefault(j.tenant, []).append(j.idem_digest)
+                for tenant, digests in by_tenant.items():
+                    for r in await conn.fetch(Q["find_by_idem"], tenant, digests):
+                        existing[(tenant, bytes(r["idem_digest"]))] = (r["id"], bytes(r["request_fingerprint"]))
+        for j in jobs:
+            if j.id in created:
+                out.append(Enqueued(j.id, True))
+                continue
+            assert j.idem_digest is not None
+            found = existing.get((j.tenant, j.idem_digest))
+            if found is None:  # the conflicting insert rolled back between our two statements: rare
+                raise StoreUnavailable("idempotency key race: the original request rolled back; retry")
+            job_id, fingerprint = found
+            if fingerprint != j.request_fingerprint:
+                raise IdempotencyConflict(
+                    "this idempotency key was already used for a different request", existing_job_id=job_id
+                )
+            out.append(Enqueued(job_id, False))
+        return out
+
+    async def get_job(self, job_id: str, tenant: str | None = None) -> Job | None:
+        if not _is_uuid(job_id):
+            return None
+        async with self._conn("get_job") as conn:
+            row = await conn.fetchrow(Q["get_job"], job_id, tenant)
+        return None if row is None else _job(row)
+
+    async def list_jobs(self, flt: JobFilter) -> list[Job]:
+        async with self._conn("list_jobs") as conn:
+            rows = await conn.fetch(
+                Q["list_jobs"], flt.tenant, flt.state.value if flt.state else None, flt.agent, flt.before,
+                flt.limit,
+            )
+        return [_job(r) for r in rows]
+
+    async def requeue(self, job_id: str, tenant: str | None = None) -> Job:
+        async with self._conn("requeue") as conn:
+            row = await conn.fetchrow(Q["requeue_job"], job_id, tenant, _REQUEUEABLE)
+            job = await conn.fetchrow(Q["get_job"], job_id, tenant)
+        if job is None:
+            raise NotFound(f"no job {job_id}")
+        if row is None:
+            raise IllegalTransition(f"job {job_id} is {job['state']}; only a finished, unsuccessful job can be requeued")
+        return _job(job)
+
+    # -- ownership -----------------------------------------------------------------------------------------------
+    async def claim(
+        self, worker_id: str, agents: Sequence[str], capabilities: Sequence[str], limit: int, ttl_s: float
+    ) -> list[Claim]:
+        if limit <= 0:
+            return []
+        token = new_token()
+        async with self._claim_lock:
+            with _translate("claim"):
+                rows = await self._claim_conn.fetch(
+                    Q["claim_jobs"], worker_id, list(agents), list(capabilities), limit, ttl_s, token
+                )
+        return [
+            Claim(Fence(r[0], r[1], token), r[2], r[3], r[4], r[5], r[6], r[7], r[8]) for r in rows
+        ]
+
+    async def start(self, worker_id: str, starts: Sequence[Start]) -> list[Started]:
+        if not starts:
+            return []
+        by_job = {s.fence.job_id: s for s in starts}
+        ids, epochs, tokens = _fence_arrays(s.fence for s in starts)
+        async with self._conn("start") as conn:
+            rows = await conn.fetch(
+                Q["start_executions"], worker_id, ids, epochs, tokens, [s.execution_id for s in starts]
+            )
+        out = []
+        for job_id, attempt, started_at in rows:
+            s = by_job[job_id]
+            out.append(Started(s.fence, s.execution_id, started_at, attempt))
+        return out
+
+    async def finish(self, worker_id: str, finishes: Sequence[Finish]) -> list[str]:
+        if not finishes:
+            return []
+        cols: list[list[Any]] = [[] for _ in range(12)]
+        for f in finishes:
+            for i, v in enumerate(
+                (f.fence.job_id, f.fence.epoch, f.fence.token, f.execution_id, f.state.value, f.result_json,
+                 f.error_code, f.error_message, f.retry_delay_s, f.seq, f.started_at, f.usage_json)
+            ):
+                cols[i].append(v)
+        async with self._conn("finish") as conn:
+            rows = await conn.fetch(Q["finish_executions"], *cols, worker_id)
+        return [r[0] for r in rows]
+
+    async def append_events(self, events: Sequence[NewEvent]) -> set[str]:
+        if not events:
+            return set()
+        cols: list[list[Any]] = [[] for _ in range(7)]
+        for e in events:
+            for i, v in enumerate(
+                (e.fence.job_id, e.fence.epoch, e.fence.token, e.seq, e.execution_id, e.type, e.payload_json)
+            ):
+                cols[i].append(v)
+        async with self._conn("append_events") as conn:
+            rows = await conn.fetch(Q["append_events"], *cols)
+            written = {r[0] for r in rows}
+            fences = {e.fence.job_id: e.fence for e in events if e.fence.job_id not in written}
+            if not fences:
+                return set()
+            # Nothing of these jobs was inserted: either the fence lost, or every event was a duplicate of a
+            # retried append that had committed. Ask the jobs table which.
+            owning = await conn.fetch(Q["owning_fences"], *_fence_arrays(fences.values()))
+        return set(fences) - {r[0] for r in owning}
+
+    async def release_claims(self, worker_id: str, fences: Sequence[Fence]) -> list[str]:
+        if not fences:
+            return []
+        async with self._conn("release") as conn:
+            rows = await conn.fetch(Q["release_claims"], worker_id, *_fence_arrays(fences))
+        return [r[0] for r in rows]
+
+    async def heartbeat(
+        self, worker_id: str, state: WorkerState, in_flight: int, held: Sequence[Fence], ttl_s: float
+    ) -> HeartbeatReply:
+        async with self._conn("heartbeat") as conn:
+            rows = await conn.fetch(
+                Q["heartbeat"], worker_id, state.value, in_flight, *_fence_arrays(held), ttl_s
+            )
+        return HeartbeatReply(frozenset(r[0] for r in rows), frozenset(r[0] for r in rows if r[1]))
+
+    # -- registry -----------------------------------------------------------------------------------------------
+    async def register_worker(self, info: WorkerInfo) -> None:
+        async with self._conn("register_worker") as conn:
+            await conn.execute(
+                Q["register_worker"], info.id, info.host, info.pid, info.concurrency, list(info.agents),
+                list(info.capabilities), info.state.value,
+            )
+
+    async def set_worker_state(self, worker_id: str, state: WorkerState) -> None:
+        async with self._conn("set_worker_state") as conn:
+            await conn.execute(Q["set_worker_state"], worker_id, state.value)
+
+    async def list_workers(self, include_gone: bool = False) -> list[WorkerInfo]:
+        async with self._conn("list_workers") as conn:
+            rows = await conn.fetch(Q["list_workers"], include_gone)
+        return [
+            WorkerInfo(
+                id=r["id"], host=r["host"], pid=r["pid"], concurrency=r["concurrency"],
+                agents=tuple(r["agents"]), capabilities=tuple(r["capabilities"]),
+                state=WorkerState(r["state"]), in_flight=r["in_flight"], started_at=r["started_at"],
+                last_heartbeat=r["last_heartbeat"], jobs_held=tuple(r["jobs_held"]),
+            )
+            for r in rows
+        ]
+
+    # -- history ------------------------------------------------------------------------------------------------
+    async def read_events(self, job_id: str, after: tuple[int, int] | None, limit: int) -> list[Event]:
+        epoch, seq = after if after is not None else (-1, -1)
+        async with self._conn("read_events") as conn:
+            rows = await conn.fetch(Q["read_events"], job_id, epoch, seq, limit)
+        return [
+            Event(job_id, r[0], r[1], r[2], r[3], None if r[4] is None else json.loads(r[4]), r[5]) for r in rows
+        ]
+
+    async def list_executions(self, job_id: str) -> list[Execution]:
+        async with self._conn("list_executions") as conn:
+            rows = await conn.fetch(Q["list_executions"], job_id)
+        return [
+            Execution(r[0], r[1], r[2], r[3], r[4], r[5], r[6], None if r[7] is None else json.loads(r[7]))
+            for r in rows
+        ]
+
+    # -- sweeper ---------------------------------------------------------------------------------------------------
+    async def sweep(self, worker_ttl_s: float) -> SweepReport:
+        report = SweepReport()
+        async with self._conn("sweep") as conn:
+            report.released = [r[0] for r in await conn.fetch(Q["sweep_release_expired"])]
+            async with conn.transaction():
+                locked = await conn.fetch(Q["sweep_lock_lost"])
+                if locked:
+                    marked = await conn.fetch(Q["sweep_mark_lost"], [r["id"] for r in locked])
+                    state_of = {r[0]: r[1] for r in marked}
+                    await conn.execute(
+                        Q["sweep_lost_records"],
+                        [r["id"] for r in locked], [r["epoch"] for r in locked],
+                        [r["execution_id"] for r in locked], [r["owner"] for r in locked],
+                        [r["started_at"] for r in locked], [state_of[str(r["id"])] for r in locked],
+                    )
+                    for job_id, state in state_of.items():
+                        {"lost": report.lost, "queued": report.requeued, "dead": report.dead}[state].append(job_id)
+            report.expired = [r[0] for r in await conn.fetch(Q["sweep_expire"])]
+            report.due = [r[0] for r in await conn.fetch(Q["sweep_due"])]
+            report.workers_gone = [r[0] for r in await conn.fetch(Q["sweep_workers_gone"], worker_ttl_s)]
+        return report
+
+    # -- wake-up ----------------------------------------------------------------------------------------------------
+    def _on_notify(self, *_: object) -> None:
+        self._wake.set()
+
+    def _on_listen_lost(self, *_: object) -> None:
+        # The LISTEN connection died: polling (the wait timeout) is the floor until the next wait reconnects.
+        self._listen_conn = None
+        self._wake.set()
+
+    async def _ensure_listening(self) -> None:
+        if self._listen_conn is not None and not self._listen_conn.is_closed():
+            return
+        async with self._listen_lock:
+            if self._listen_conn is not None and not self._listen_conn.is_closed():
+                return
+            try:
+                conn = await asyncpg.connect(_dsn(self._url))
+                await conn.add_listener(_CHANNEL, self._on_notify)
+                conn.add_termination_listener(self._on_listen_lost)
+            except _DRIVER_ERRORS as exc:
+                log.warning("LISTEN connection failed, polling meanwhile: %s", exc)
+                return
+            self._listen_conn = conn
+
+    async def wait_for_jobs(self, timeout_s: float) -> None:
+        if not self._closed:
+            await self._ensure_listening()
+        try:
+            await asyncio.wait_for(self._wake.wait(), timeout_s)
+        except TimeoutError:
+            return
+        finally:
+            self._wake.clear()
+
+    # -- leases -------------------------------------------------------------------------------------------------------
+    async def acquire(self, key: str, holder: str, limit: int, ttl_s: float) -> bool:
+        async with self._conn("lease acquire") as conn:
+            return bool(await conn.fetchval(Q["lease_acquire"], key, holder, limit, ttl_s))
+
+    async def renew(self, held: Sequence[LeaseRef], ttl_s: float) -> list[LeaseRef]:
+        if not held:
+            return []
+        async with self._conn("lease renew") as conn:
+            rows = await conn.fetch(Q["lease_renew"], [h.key for h in held], [h.holder for h in held], ttl_s)
+        renewed = {(r[0], r[1]) for r in rows}
+        return [h for h in held if (h.key, h.holder) not in renewed]
+
+    async def release(self, key: str, holder: str) -> None:
+        async with self._conn("lease release") as conn:
+            await conn.execute(Q["lease_release"], key, holder)
+
+    async def holders(self, key: str) -> list[str]:
+        async with self._conn("lease holders") as conn:
+            return [r[0] for r in await conn.fetch(Q["lease_holders"], key)]

@@ -1,0 +1,5 @@
+"""The SQLite store: the embedded default, safe for several processes on one machine (WAL)."""
+
+from tenure.backends.sqlite.store import SqliteStore
+
+__all__ = ["SqliteStore"]

@@ -1,0 +1,83 @@
+-- Tenure schema v1 for SQLite: the same tables and semantics as PostgreSQL.
+-- Times are REAL seconds since the epoch from SQLite's clock; JSON values are TEXT; `requires` is a
+-- comma-separated list of capability tags (tags never contain a comma).
+
+CREATE TABLE jobs (
+    id                   TEXT PRIMARY KEY,
+    tenant               TEXT NOT NULL,
+    agent                TEXT NOT NULL,
+    input                TEXT NOT NULL,
+    priority             INTEGER NOT NULL DEFAULT 0,
+    requires             TEXT NOT NULL DEFAULT '',
+    idem_digest          BLOB,
+    request_fingerprint  BLOB NOT NULL,
+    deadline             REAL,
+    state                TEXT NOT NULL DEFAULT 'queued',
+    owner                TEXT,
+    claimed_at           REAL,
+    claim_expires_at     REAL,
+    epoch                INTEGER NOT NULL DEFAULT 0,
+    token                INTEGER,
+    execution_id         TEXT,
+    execution_started_at REAL,
+    attempts             INTEGER NOT NULL DEFAULT 0,
+    max_attempts         INTEGER NOT NULL,
+    next_attempt_at      REAL,
+    cancel_requested_at  REAL,
+    timeout_s            REAL,
+    retry_safe           INTEGER NOT NULL DEFAULT 0,
+    result               TEXT,
+    error_code           TEXT,
+    error_message        TEXT,
+    created_at           REAL NOT NULL,
+    updated_at           REAL NOT NULL,
+    finished_at          REAL
+) WITHOUT ROWID;
+CREATE UNIQUE INDEX jobs_idem ON jobs (tenant, idem_digest) WHERE idem_digest IS NOT NULL;
+CREATE INDEX jobs_ready ON jobs (priority DESC, id) WHERE state = 'queued' AND owner IS NULL;
+CREATE INDEX jobs_owned ON jobs (claim_expires_at) WHERE owner IS NOT NULL;
+CREATE INDEX jobs_scheduled ON jobs (next_attempt_at) WHERE state = 'scheduled';
+
+CREATE TABLE executions (
+    id                  TEXT PRIMARY KEY,
+    job_id              TEXT NOT NULL,
+    epoch               INTEGER NOT NULL,
+    worker_id           TEXT NOT NULL,
+    started_at          REAL NOT NULL,
+    ended_at            REAL NOT NULL,
+    outcome             TEXT NOT NULL,
+    usage               TEXT,
+    parent_execution_id TEXT
+) WITHOUT ROWID;
+CREATE INDEX executions_job ON executions (job_id, epoch);
+
+CREATE TABLE events (
+    job_id       TEXT NOT NULL,
+    epoch        INTEGER NOT NULL,
+    seq          INTEGER NOT NULL,
+    execution_id TEXT,
+    type         TEXT NOT NULL,
+    payload      TEXT,
+    ts           REAL NOT NULL,
+    PRIMARY KEY (job_id, epoch, seq)
+) WITHOUT ROWID;
+
+CREATE TABLE workers (
+    id             TEXT PRIMARY KEY,
+    host           TEXT NOT NULL,
+    pid            INTEGER NOT NULL,
+    concurrency    INTEGER NOT NULL,
+    agents         TEXT NOT NULL DEFAULT '[]',
+    capabilities   TEXT NOT NULL DEFAULT '[]',
+    state          TEXT NOT NULL DEFAULT 'active',
+    in_flight      INTEGER NOT NULL DEFAULT 0,
+    started_at     REAL NOT NULL,
+    last_heartbeat REAL NOT NULL
+) WITHOUT ROWID;
+
+CREATE TABLE leases (
+    key        TEXT NOT NULL,
+    holder     TEXT NOT NULL,
+    expires_at REAL NOT NULL,
+    PRIMARY KEY (key, holder)
+) WITHOUT ROWID;

@@ -1,0 +1,229 @@
+-- SQLite queries of the Tenure store. Every write runs inside BEGIN IMMEDIATE (one writer at a time across
+-- processes), so a conditional update and the reads before it see one consistent database.
+-- `{now}` is replaced at load time by SQLite's clock in epoch seconds.
+
+-- name: insert_job --
+-- Insert one job unless its (tenant, idempotency digest) exists.
+INSERT INTO jobs (id, tenant, agent, input, priority, requires, idem_digest, request_fingerprint, deadline,
+                  max_attempts, timeout_s, retry_safe, created_at, updated_at)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, {now} + ?, ?, ?, ?, {now}, {now})
+ON CONFLICT (tenant, idem_digest) WHERE idem_digest IS NOT NULL DO NOTHING
+
+-- name: find_by_idem --
+-- The existing job of a tenant with this idempotency digest.
+SELECT id, request_fingerprint FROM jobs WHERE tenant = ? AND idem_digest = ?
+
+-- name: get_job --
+-- One job, optionally restricted to a tenant.
+SELECT id, tenant, agent, input, priority, requires, state, owner, epoch, execution_id, attempts, max_attempts,
+       timeout_s, retry_safe, result, error_code, error_message, created_at, updated_at, claimed_at,
+       claim_expires_at, execution_started_at, next_attempt_at, deadline, cancel_requested_at, finished_at
+  FROM jobs WHERE id = ?1 AND (?2 IS NULL OR tenant = ?2)
+
+-- name: list_jobs --
+-- Jobs matching optional tenant / state / agent filters, newest first, before an id cursor.
+SELECT id, tenant, agent, input, priority, requires, state, owner, epoch, execution_id, attempts, max_attempts,
+       timeout_s, retry_safe, result, error_code, error_message, created_at, updated_at, claimed_at,
+       claim_expires_at, execution_started_at, next_attempt_at, deadline, cancel_requested_at, finished_at
+  FROM jobs
+ WHERE (?1 IS NULL OR tenant = ?1) AND (?2 IS NULL OR state = ?2) AND (?3 IS NULL OR agent = ?3)
+   AND (?4 IS NULL OR id < ?4)
+ ORDER BY id DESC LIMIT ?5
+
+-- name: has_claimable --
+-- Cheap read-only probe: is anything claimable? (Saves taking the write lock for nothing.)
+SELECT 1 FROM jobs WHERE state = 'queued' AND owner IS NULL LIMIT 1
+
+-- name: claim_jobs --
+-- The claim CAS, batched: take up to ?4 claimable jobs with epoch + 1 and the token.
+UPDATE jobs
+   SET owner = ?1, claimed_at = {now}, claim_expires_at = {now} + ?5, epoch = epoch + 1, token = ?6,
+       updated_at = {now}
+ WHERE id IN (
+        SELECT id FROM jobs
+         WHERE state = 'queued' AND owner IS NULL
+           AND agent IN (SELECT value FROM json_each(?2))
+           AND (requires = '' OR NOT EXISTS (
+                 SELECT 1 FROM json_each('["' || replace(requires, ',', '","') || '"]') AS r
+                  WHERE r.value NOT IN (SELECT value FROM json_each(?3))))
+           AND (deadline IS NULL OR deadline > {now})
+         ORDER BY priority DESC, id
+         LIMIT ?4)
+   AND state = 'queued' AND owner IS NULL AND claimed_at IS NULL AND execution_id IS NULL
+   AND execution_started_at IS NULL
+RETURNING id, epoch, agent, input, attempts, max_attempts, timeout_s, retry_safe, tenant
+
+-- name: start_execution --
+-- The start CAS: owner, epoch and token must match an unstarted claim.
+UPDATE jobs
+   SET state = 'running', execution_id = ?5, execution_started_at = {now}, attempts = attempts + 1,
+       updated_at = {now}
+ WHERE id = ?1 AND state = 'queued' AND owner = ?2 AND claimed_at IS NOT NULL AND epoch = ?3 AND token = ?4
+   AND execution_id IS NULL AND execution_started_at IS NULL
+RETURNING attempts, execution_started_at
+
+-- name: insert_event --
+-- Append one event (callers have checked the fence inside the same transaction).
+INSERT INTO events (job_id, epoch, seq, execution_id, type, payload, ts) VALUES (?, ?, ?, ?, ?, ?, {now})
+ON CONFLICT (job_id, epoch, seq) DO NOTHING
+
+-- name: insert_event_next --
+-- Append one event after the last one of its (job, epoch): for writers that are not the execution (sweeper).
+INSERT INTO events (job_id, epoch, seq, execution_id, type, payload, ts)
+VALUES (?1, ?2, COALESCE((SELECT max(seq) FROM events WHERE job_id = ?1 AND epoch = ?2), 0) + 1, ?3, ?4, ?5,
+        {now})
+
+-- name: finish_execution --
+-- The finish CAS: execution id, epoch and token must match a running or waiting job. A retry ('scheduled')
+-- returns the job to the unowned, unstarted shape the claim CAS expects.
+UPDATE jobs
+   SET state = ?5, result = ?6, error_code = ?7, error_message = ?8, owner = NULL, claim_expires_at = NULL,
+       claimed_at = CASE WHEN ?5 = 'scheduled' THEN NULL ELSE claimed_at END,
+       token = CASE WHEN ?5 = 'scheduled' THEN NULL ELSE token END,
+       execution_id = CASE WHEN ?5 = 'scheduled' THEN NULL ELSE execution_id END,
+       execution_started_at = CASE WHEN ?5 = 'scheduled' THEN NULL ELSE execution_started_at END,
+       next_attempt_at = CASE WHEN ?5 = 'scheduled' THEN {now} + ?9 END,
+       finished_at = CASE WHEN ?5 = 'scheduled' THEN NULL ELSE {now} END,
+       updated_at = {now}
+ WHERE id = ?1 AND execution_id = ?2 AND epoch = ?3 AND token = ?4 AND state IN ('running', 'waiting')
+RETURNING next_attempt_at
+
+-- name: insert_execution --
+-- The record of one attempt, written when it ends.
+INSERT INTO executions (id, job_id, epoch, worker_id, started_at, ended_at, outcome, usage)
+VALUES (?, ?, ?, ?, ?, {now}, ?, ?)
+
+-- name: fence_owns --
+-- Does this fence still own a running or waiting job?
+SELECT 1 FROM jobs WHERE id = ? AND epoch = ? AND token = ? AND state IN ('running', 'waiting')
+
+-- name: release_claim --
+-- Give back one claim this worker never started.
+UPDATE jobs SET owner = NULL, claimed_at = NULL, claim_expires_at = NULL, token = NULL, updated_at = {now}
+ WHERE id = ? AND owner = ? AND epoch = ? AND token = ? AND state = 'queued' AND execution_started_at IS NULL
+
+-- name: heartbeat_worker --
+-- The worker is alive.
+UPDATE workers SET last_heartbeat = {now}, state = ?, in_flight = ? WHERE id = ?
+
+-- name: heartbeat_claim --
+-- Extend one held claim if this fence still owns it; tells whether a cancel was requested.
+UPDATE jobs SET claim_expires_at = {now} + ?5
+ WHERE id = ?1 AND owner = ?2 AND epoch = ?3 AND token = ?4 AND state IN ('queued', 'running', 'waiting')
+RETURNING cancel_requested_at IS NOT NULL
+
+-- name: register_worker --
+-- Insert (or refresh) one worker incarnation in the registry.
+INSERT INTO workers (id, host, pid, concurrency, agents, capabilities, state, started_at, last_heartbeat)
+VALUES (?, ?, ?, ?, ?, ?, ?, {now}, {now})
+ON CONFLICT (id) DO UPDATE SET state = excluded.state, last_heartbeat = {now}
+
+-- name: set_worker_state --
+-- Record a worker's lifecycle state.
+UPDATE workers SET state = ?2, last_heartbeat = {now} WHERE id = ?1
+
+-- name: list_workers --
+-- The registry, with the jobs each worker owns now.
+SELECT w.id, w.host, w.pid, w.concurrency, w.agents, w.capabilities, w.state, w.in_flight, w.started_at,
+       w.last_heartbeat,
+       (SELECT json_group_array(j.id) FROM (SELECT id FROM jobs WHERE owner = w.id ORDER BY id) AS j)
+  FROM workers AS w
+ WHERE ?1 OR w.state <> 'gone'
+ ORDER BY w.started_at, w.id
+
+-- name: read_events --
+-- A job's history after a cursor (epoch, seq), in cursor order.
+SELECT execution_id, epoch, seq, type, payload, ts FROM events
+ WHERE job_id = ?1 AND (epoch > ?2 OR (epoch = ?2 AND seq > ?3))
+ ORDER BY epoch, seq LIMIT ?4
+
+-- name: list_executions --
+-- Every recorded attempt of a job, oldest first.
+SELECT id, job_id, epoch, worker_id, started_at, ended_at, outcome, usage FROM executions
+ WHERE job_id = ? ORDER BY epoch
+
+-- name: requeue_job --
+-- Put a terminal job back in the queue with fresh attempts.
+UPDATE jobs
+   SET state = 'queued', attempts = 0, owner = NULL, claimed_at = NULL, claim_expires_at = NULL, token = NULL,
+       execution_id = NULL, execution_started_at = NULL, next_attempt_at = NULL, cancel_requested_at = NULL,
+       result = NULL, error_code = NULL, error_message = NULL, finished_at = NULL, deadline = NULL,
+       updated_at = {now}
+ WHERE id = ?1 AND (?2 IS NULL OR tenant = ?2) AND state IN (SELECT value FROM json_each(?3))
+RETURNING id, epoch
+
+-- name: sweep_release_expired --
+-- Release pre-start claims whose owner stopped heartbeating (the next claim bumps the epoch).
+UPDATE jobs SET owner = NULL, claimed_at = NULL, claim_expires_at = NULL, token = NULL, updated_at = {now}
+ WHERE state = 'queued' AND owner IS NOT NULL AND execution_started_at IS NULL AND claim_expires_at < {now}
+RETURNING id
+
+-- name: sweep_find_lost --
+-- Running or waiting jobs whose claim expired: their owner is gone.
+SELECT id, epoch, execution_id, owner, execution_started_at, retry_safe, attempts, max_attempts FROM jobs
+ WHERE owner IS NOT NULL AND state IN ('running', 'waiting') AND claim_expires_at < {now}
+ ORDER BY id LIMIT 100
+
+-- name: sweep_mark_lost --
+-- Declare one job lost, or (retry-safe with attempts left) put it back unowned and unstarted, or dead.
+UPDATE jobs
+   SET state = ?2, owner = NULL, claim_expires_at = NULL,
+       claimed_at = CASE WHEN ?2 = 'queued' THEN NULL ELSE claimed_at END,
+       token = CASE WHEN ?2 = 'queued' THEN NULL ELSE token END,
+       execution_id = CASE WHEN ?2 = 'queued' THEN NULL ELSE execution_id END,
+       execution_started_at = CASE WHEN ?2 = 'queued' THEN NULL ELSE execution_started_at END,
+       finished_at = CASE WHEN ?2 = 'queued' THEN NULL ELSE {now} END,
+       error_code = 'owner_lost', error_message = 'the worker running this job stopped heartbeating',
+       updated_at = {now}
+ WHERE id = ?1 AND state IN ('running', 'waiting')
+
+-- name: sweep_expire --
+-- Queued (unowned) or scheduled jobs past their queue deadline become expired.
+UPDATE jobs
+   SET state = 'expired', finished_at = {now}, updated_at = {now}, error_code = 'deadline_exceeded',
+       error_message = 'the job was not started before its queue deadline'
+ WHERE ((state = 'queued' AND owner IS NULL) OR state = 'scheduled') AND deadline < {now}
+RETURNING id, epoch
+
+-- name: sweep_due --
+-- Scheduled jobs whose backoff has passed go back to the queue.
+UPDATE jobs SET state = 'queued', next_attempt_at = NULL, updated_at = {now}
+ WHERE state = 'scheduled' AND next_attempt_at <= {now}
+RETURNING id
+
+-- name: sweep_workers_gone --
+-- Workers silent for longer than the given seconds are marked gone.
+UPDATE workers SET state = 'gone' WHERE state <> 'gone' AND last_heartbeat < {now} - ?
+RETURNING id
+
+-- name: lease_purge --
+-- Drop expired holders of a key.
+DELETE FROM leases WHERE key = ? AND expires_at <= {now}
+
+-- name: lease_refresh --
+-- Extend one holder's slot if it holds one (acquire is idempotent for the same holder).
+UPDATE leases SET expires_at = {now} + ?3 WHERE key = ?1 AND holder = ?2
+
+-- name: lease_count --
+-- Current holders of a key (after the purge).
+SELECT count(*) FROM leases WHERE key = ?
+
+-- name: lease_insert --
+-- Take a slot.
+INSERT INTO leases (key, holder, expires_at) VALUES (?1, ?2, {now} + ?3)
+
+-- name: lease_renew --
+-- Extend one held, unexpired lease.
+UPDATE leases SET expires_at = {now} + ?3 WHERE key = ?1 AND holder = ?2 AND expires_at > {now}
+
+-- name: lease_release --
+-- Give back one slot; releasing a slot not held does nothing.
+DELETE FROM leases WHERE key = ? AND holder = ?
+
+-- name: lease_holders --
+-- Unexpired holders of a key.
+SELECT holder FROM leases WHERE key = ? AND expires_at > {now} ORDER BY holder
+
+-- name: server_time --
+-- SQLite's clock.
+SELECT {now}

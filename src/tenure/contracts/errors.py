@@ -1,0 +1,206 @@
+"""The error hierarchy of Tenure. Every error the runtime raises on purpose derives from `TenureError`.
+
+    TenureError
+    ├── ConfigError                 a setting is unknown, malformed or out of range (start-up fails)
+    ├── InvalidRequest              bad input from a client; nothing was written
+    │   ├── UnknownAgent            no agent of that name is registered
+    │   ├── InputTooLarge           the input JSON is over the size limit
+    │   └── IdempotencyConflict     the key was used before with a different request
+    ├── NotFound                    no such job (or not visible to this tenant)
+    ├── IllegalTransition           a state change the job state machine does not allow
+    ├── StoreUnavailable            the database could not be reached or failed (driver errors wrapped)
+    │   └── LeasesUnavailable       the lease backend (Redis, or a store's leases table) could not answer
+    ├── QuotaExhausted              every slot of a named quota is held (wait=False, or the wait timed out)
+    ├── QuotaUnavailable            the lease backend is down and the quota key is fail-closed
+    ├── MigrationError              the schema is newer than this code, or a migration failed
+    ├── AdapterError                a bounded offload adapter (kernel/blocking.py) refused or lost a call
+    │   ├── AdapterOverloaded       its wait queue is full, or the caller waited past the queue timeout
+    │   ├── AdapterClosed           it is shutting down and admits no new call
+    │   └── AdapterSlotLost         its operation task was cancelled: the slot is written off (fail closed)
+    └── ExecutionError              raised inside a running execution
+        ├── OwnershipLost           this execution's epoch/token no longer owns the job; stop at once
+        ├── LeaseLost               a quota lease of this execution expired or was taken: stop calling out
+        ├── JobCancelled            the job was cancelled; the handler should stop
+        ├── PermanentError          a handler failure that must not be retried (job → failed)
+        └── RetryableError          a handler failure worth another attempt (job → scheduled or dead)
+
+Backends translate driver exceptions at their edge (`raise StoreUnavailable(...) from exc`), so no layer above
+`backends/` ever catches an asyncpg or sqlite3 exception.
+"""
+
+from __future__ import annotations
+
+
+class TenureError(Exception):
+    """Root of every error Tenure raises on purpose. `code` is a stable machine-readable name."""
+
+    code = "tenure_error"
+
+
+class ConfigError(TenureError):
+    """A setting is unknown, malformed or out of range."""
+
+    code = "config_error"
+
+
+class InvalidRequest(TenureError):
+    """A client sent something the runtime will not accept. Nothing was written."""
+
+    code = "invalid_request"
+
+
+class UnknownAgent(InvalidRequest):
+    """The request names an agent that no registered app defines."""
+
+    code = "unknown_agent"
+
+
+class InputTooLarge(InvalidRequest):
+    """The job input, serialized as JSON, is larger than the configured limit."""
+
+    code = "input_too_large"
+
+
+class IdempotencyConflict(InvalidRequest):
+    """The idempotency key was already used by this tenant for a different request."""
+
+    code = "idempotency_conflict"
+
+    def __init__(self, message: str, existing_job_id: str) -> None:
+        super().__init__(message)
+        self.existing_job_id = existing_job_id
+
+
+class NotFound(TenureError):
+    """No such object, or it belongs to another tenant (we never say which)."""
+
+    code = "not_found"
+
+
+class IllegalTransition(TenureError):
+    """A job state change that the state machine does not allow."""
+
+    code = "illegal_transition"
+
+
+class StoreUnavailable(TenureError):
+    """The store could not be reached or failed; the driver's exception is the cause."""
+
+    code = "store_unavailable"
+
+
+class LeasesUnavailable(StoreUnavailable):
+    """The lease backend could not be reached or failed; the driver's exception is the cause.
+
+    A subclass of `StoreUnavailable` so that a caller guarding every shared-state backend catches both; the
+    quota layer catches this one alone to apply its fail-closed / fail-open policy.
+    """
+
+    code = "leases_unavailable"
+
+
+class QuotaExhausted(TenureError):
+    """Every slot of a named quota is held: `wait=False` was asked, or the wait for a slot timed out."""
+
+    code = "quota_exhausted"
+
+    def __init__(self, message: str, key: str, limit: int) -> None:
+        super().__init__(message)
+        self.key = key
+        self.limit = limit
+
+
+class QuotaUnavailable(TenureError):
+    """The lease backend is down and the quota key is fail-closed, so no slot can be proven free."""
+
+    code = "quota_unavailable"
+
+    def __init__(self, message: str, key: str) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+class MigrationError(TenureError):
+    """The database schema is ahead of this code, or applying a migration failed."""
+
+    code = "migration_error"
+
+
+class AdapterError(TenureError):
+    """Base of the refusals and failures of a bounded offload adapter (`tenure.kernel.blocking`)."""
+
+    code = "adapter_error"
+
+
+class AdapterOverloaded(AdapterError):
+    """The adapter would not take the call: its wait queue is full, or the caller waited past the timeout.
+
+    `reason` is `"queue_full"` (rejected at once) or `"queue_timeout"` (rejected after waiting), so callers
+    and metrics can tell a burst from a sustained overload.
+    """
+
+    code = "adapter_overloaded"
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class AdapterClosed(AdapterError):
+    """The adapter is shutting down (or shut down): it admits no new call, and callers still waiting leave."""
+
+    code = "adapter_closed"
+
+
+class AdapterSlotLost(AdapterError):
+    """The operation task of an offloaded call was cancelled, so nobody can prove its thread has ended.
+
+    The adapter fails closed: the slot is never given back (capacity shrinks by one) rather than risk one
+    more concurrent call than the bound allows.
+    """
+
+    code = "adapter_slot_lost"
+
+
+class ExecutionError(TenureError):
+    """Base of the errors that concern one running execution."""
+
+    code = "execution_error"
+
+
+class OwnershipLost(ExecutionError):
+    """This execution's (epoch, token) no longer owns the job: its writes match no row. Stop now."""
+
+    code = "ownership_lost"
+
+
+class LeaseLost(ExecutionError):
+    """A quota lease held by this execution expired or was released from outside (renew reported it lost).
+
+    The slot may already belong to someone else, so the execution must stop calling the upstream it guards.
+    """
+
+    code = "lease_lost"
+
+    def __init__(self, message: str, key: str, holder: str) -> None:
+        super().__init__(message)
+        self.key = key
+        self.holder = holder
+
+
+class JobCancelled(ExecutionError):
+    """The job was cancelled while this execution ran."""
+
+    code = "cancelled"
+
+
+class PermanentError(ExecutionError):
+    """Raise from a handler for a failure that another attempt would not fix (the job becomes `failed`)."""
+
+    code = "permanent_error"
+
+
+class RetryableError(ExecutionError):
+    """Raise from a handler for a failure worth another attempt. Any other exception is treated the same."""
+
+    code = "retryable_error"

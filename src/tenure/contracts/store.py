@@ -1,0 +1,176 @@
+"""The protocols the control plane and the worker speak; backends implement them.
+
+`Store` is the durable truth: jobs, executions, events, workers. Every method that changes a job is one
+conditional update (or a batch of them) that names the state and the fence it expects; a write that matches
+no row did not happen, and the caller is told which ones did.
+
+`Leases` holds named, heartbeated, per-holder slots (quotas, the sweeper duty). The SQL stores implement it
+on a `leases` table with the database clock; Redis implements it with a ZSET and Lua on Redis's own `TIME`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from tenure.contracts.states import JobState, WorkerState
+from tenure.contracts.types import (
+    Claim,
+    Enqueued,
+    Event,
+    Execution,
+    Fence,
+    Finish,
+    HeartbeatReply,
+    Job,
+    JobFilter,
+    NewEvent,
+    NewJob,
+    Start,
+    Started,
+    SweepReport,
+    WorkerInfo,
+)
+
+
+@runtime_checkable
+class Store(Protocol):
+    """The durable store of jobs (SQLite or PostgreSQL). All times come from the database server's clock."""
+
+    dialect: str
+
+    # -- lifecycle ---------------------------------------------------------------------------------------
+    async def migrate(self) -> int:
+        """Apply pending schema migrations; return the schema version now in place."""
+        ...
+
+    async def schema_version(self) -> int:
+        """The schema version applied to the database (0 when empty)."""
+        ...
+
+    async def server_time(self) -> float:
+        """The database server's clock, in seconds since the epoch."""
+        ...
+
+    async def close(self) -> None:
+        """Release connections and background tasks. Idempotent."""
+        ...
+
+    # -- admission -----------------------------------------------------------------------------------------
+    async def enqueue(self, jobs: Sequence[NewJob]) -> list[Enqueued]:
+        """Insert jobs and wake workers. A job whose (tenant, idempotency digest) exists is not inserted:
+        its answer is the existing job when the request fingerprint matches, else `IdempotencyConflict`."""
+        ...
+
+    async def get_job(self, job_id: str, tenant: str | None = None) -> Job | None:
+        """One job, or None if it does not exist (or belongs to another tenant when `tenant` is given)."""
+        ...
+
+    async def list_jobs(self, flt: JobFilter) -> list[Job]:
+        """Jobs matching the filter, newest first."""
+        ...
+
+    async def requeue(self, job_id: str, tenant: str | None = None) -> Job:
+        """Put a terminal (not succeeded) job back in the queue with fresh attempts. Raises NotFound or
+        IllegalTransition."""
+        ...
+
+    # -- ownership: the three conditional updates -------------------------------------------------------------
+    async def claim(
+        self, worker_id: str, agents: Sequence[str], capabilities: Sequence[str], limit: int, ttl_s: float
+    ) -> list[Claim]:
+        """Claim up to `limit` unowned, unstarted queued jobs (epoch + 1, a new token each)."""
+        ...
+
+    async def start(self, worker_id: str, starts: Sequence[Start]) -> list[Started]:
+        """The start CAS for each claim (owner, epoch, token must match); appends `execution.started`.
+        Returns the starts that matched."""
+        ...
+
+    async def finish(self, worker_id: str, finishes: Sequence[Finish]) -> list[str]:
+        """The finish CAS for each execution (execution id, epoch, token, running/waiting); appends the
+        finishing event and the execution record. Returns the job ids whose finish matched."""
+        ...
+
+    async def append_events(self, events: Sequence[NewEvent]) -> set[str]:
+        """Append events, each only while its fence still owns a running or waiting job.
+        Returns the job ids whose events were rejected (their executions lost ownership)."""
+        ...
+
+    async def release_claims(self, worker_id: str, fences: Sequence[Fence]) -> list[str]:
+        """Give back claims that were never started (drain). Returns the job ids released."""
+        ...
+
+    async def heartbeat(
+        self, worker_id: str, state: WorkerState, in_flight: int, held: Sequence[Fence], ttl_s: float
+    ) -> HeartbeatReply:
+        """One round trip: mark the worker alive and extend every held claim still owned by this fence."""
+        ...
+
+    # -- registry ------------------------------------------------------------------------------------------------
+    async def register_worker(self, info: WorkerInfo) -> None:
+        """Insert this worker incarnation into the registry."""
+        ...
+
+    async def set_worker_state(self, worker_id: str, state: WorkerState) -> None:
+        """Record a worker's lifecycle state (draining, gone)."""
+        ...
+
+    async def list_workers(self, include_gone: bool = False) -> list[WorkerInfo]:
+        """The registry, with the jobs each worker holds."""
+        ...
+
+    # -- history -------------------------------------------------------------------------------------------------
+    async def read_events(self, job_id: str, after: tuple[int, int] | None, limit: int) -> list[Event]:
+        """A job's history in cursor order, strictly after `after` (epoch, seq)."""
+        ...
+
+    async def list_executions(self, job_id: str) -> list[Execution]:
+        """Every recorded attempt of a job."""
+        ...
+
+    # -- the sweeper duty -------------------------------------------------------------------------------------------
+    async def sweep(self, worker_ttl_s: float) -> SweepReport:
+        """Release expired pre-start claims, mark running jobs with expired claims lost (or requeue them when
+        retry-safe), expire queued jobs past their deadline, move due scheduled jobs to queued, and mark
+        workers silent for `worker_ttl_s` gone."""
+        ...
+
+    # -- wake-up -----------------------------------------------------------------------------------------------------
+    async def wait_for_jobs(self, timeout_s: float) -> None:
+        """Return when new work may be claimable (NOTIFY on Postgres, a change of the database on SQLite),
+        or after `timeout_s`. A wake-up is a hint, never a promise."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseRef:
+    """One held slot of a named limit: the key, and the holder (an execution id plus a slot index)."""
+
+    key: str
+    holder: str
+
+
+@runtime_checkable
+class Leases(Protocol):
+    """Named, per-holder, heartbeated slots. Acquire is idempotent for one holder; release is harmless twice."""
+
+    async def acquire(self, key: str, holder: str, limit: int, ttl_s: float) -> bool:
+        """Take one of `limit` slots of `key` for `holder` until now + ttl (server clock). False if full."""
+        ...
+
+    async def renew(self, held: Sequence[LeaseRef], ttl_s: float) -> list[LeaseRef]:
+        """Extend every held lease in one round trip. Returns the ones that were no longer held (lost)."""
+        ...
+
+    async def release(self, key: str, holder: str) -> None:
+        """Give the slot back. Releasing a slot not held does nothing."""
+        ...
+
+    async def holders(self, key: str) -> list[str]:
+        """Current unexpired holders of `key`."""
+        ...
+
+
+__all__ = ["JobState", "LeaseRef", "Leases", "Store"]

@@ -1,0 +1,318 @@
+"""Plain data that crosses layers: jobs, claims, fences, executions, events, workers.
+
+Times are seconds since the Unix epoch as read from the *database server's* clock (never a worker's).
+JSON values (inputs, results, payloads) cross the store boundary as JSON text: the store never parses them,
+and whoever needs the value decodes it once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tenure.contracts.states import JobState, WorkerState
+
+DEFAULT_TENANT = "default"
+
+
+_id_lock = threading.Lock()
+_id_last = [0, 0]  # last millisecond, last 12-bit counter
+
+
+def new_id() -> str:
+    """A time-ordered UUID (version 7, RFC 9562 with a 12-bit counter): ids made by one process are strictly
+    increasing, and ids sort by creation, so B-tree inserts stay append-only and pages are stable."""
+    with _id_lock:
+        ms = time.time_ns() // 1_000_000
+        last_ms, counter = _id_last
+        if ms <= last_ms:
+            ms, counter = last_ms, counter + 1
+            if counter > 0xFFF:  # more than 4,096 ids in one millisecond: borrow the next one
+                ms, counter = ms + 1, 0
+        else:
+            counter = int.from_bytes(os.urandom(2), "big") & 0x3FF  # leave room to count up
+        _id_last[0], _id_last[1] = ms, counter
+    rand = int.from_bytes(os.urandom(8), "big") & ((1 << 62) - 1)
+    value = (ms & ((1 << 48) - 1)) << 80 | (0x7 << 76) | counter << 64 | (0b10 << 62) | rand
+    h = f"{value:032x}"
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+def new_token() -> int:
+    """A fencing token: 63 random bits, bound to one claim."""
+    return int.from_bytes(os.urandom(8), "big") >> 1
+
+
+def dumps(value: Any) -> str:
+    """Compact JSON, the one encoding used for inputs, results and payloads."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+@dataclass(frozen=True, slots=True)
+class AgentSpec:
+    """What the control plane knows about an agent: enough to admit, retry and sweep its jobs."""
+
+    name: str
+    max_attempts: int = 3
+    timeout_s: float | None = None
+    retry_safe: bool = False
+    requires: frozenset[str] = frozenset()
+    priority: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class NewJob:
+    """A validated job, ready to insert. Built by `control.admission`, never by a client directly."""
+
+    id: str
+    tenant: str
+    agent: str
+    input_json: str
+    priority: int
+    requires: tuple[str, ...]
+    max_attempts: int
+    timeout_s: float | None
+    retry_safe: bool
+    deadline_s: float | None
+    idem_digest: bytes | None
+    request_fingerprint: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Enqueued:
+    """The answer to one enqueue: the job id, and whether it was created now or found by its key."""
+
+    job_id: str
+    created: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Fence:
+    """The identity every write of an execution carries: (job, epoch, fencing token)."""
+
+    job_id: str
+    epoch: int
+    token: int
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """A job this worker owns but has not started. Its fence must match for `start` to succeed."""
+
+    fence: Fence
+    agent: str
+    input_json: str
+    attempts: int  # executions started before this one
+    max_attempts: int
+    timeout_s: float | None
+    retry_safe: bool
+    tenant: str
+
+
+@dataclass(frozen=True, slots=True)
+class Start:
+    """Ask to move a claimed job to running under a new execution id."""
+
+    fence: Fence
+    execution_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Started:
+    """A start that matched: the execution now owns the job. `seq` 1 is its `execution.started` event."""
+
+    fence: Fence
+    execution_id: str
+    started_at: float
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True)
+class Finish:
+    """The finish CAS of one execution. `state` is the job's next state (terminal, or SCHEDULED to retry).
+
+    `seq` is the sequence number of the event this finish appends (one past the execution's last event).
+    """
+
+    fence: Fence
+    execution_id: str
+    started_at: float
+    state: JobState
+    seq: int
+    result_json: str | None = None
+    error_code: str | None = None
+    error_message: str | None = None
+    retry_delay_s: float = 0.0
+    usage_json: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class NewEvent:
+    """An event an execution wants appended; written only while `fence` still owns the job."""
+
+    fence: Fence
+    execution_id: str
+    seq: int
+    type: str
+    payload_json: str
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One entry of a job's durable history. Its cursor `(epoch, seq)` orders the job's events."""
+
+    job_id: str
+    execution_id: str | None
+    epoch: int
+    seq: int
+    type: str
+    payload: Any
+    ts: float
+
+    @property
+    def cursor(self) -> str:
+        return f"{self.epoch}-{self.seq}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.cursor,
+            "job_id": self.job_id,
+            "execution_id": self.execution_id,
+            "epoch": self.epoch,
+            "seq": self.seq,
+            "type": self.type,
+            "payload": self.payload,
+            "ts": self.ts,
+        }
+
+
+def parse_cursor(text: str) -> tuple[int, int]:
+    """Parse an event cursor `EPOCH-SEQ`; raises ValueError on anything else."""
+    epoch, sep, seq = text.partition("-")
+    if not sep or not epoch.isdigit() or not seq.isdigit():
+        raise ValueError(f"bad event cursor {text!r}: expected EPOCH-SEQ, e.g. 1-42")
+    return int(epoch), int(seq)
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """The full record of a job as stored."""
+
+    id: str
+    tenant: str
+    agent: str
+    input: Any
+    priority: int
+    requires: tuple[str, ...]
+    state: JobState
+    owner: str | None
+    epoch: int
+    execution_id: str | None
+    attempts: int
+    max_attempts: int
+    timeout_s: float | None
+    retry_safe: bool
+    result: Any
+    error_code: str | None
+    error_message: str | None
+    created_at: float
+    updated_at: float
+    claimed_at: float | None
+    claim_expires_at: float | None
+    execution_started_at: float | None
+    next_attempt_at: float | None
+    deadline: float | None
+    cancel_requested_at: float | None
+    finished_at: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["state"] = self.state.value
+        out["requires"] = list(self.requires)
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class JobFilter:
+    """What `list_jobs` selects. `before` is an exclusive cursor on job id (ids sort by creation)."""
+
+    tenant: str | None = None
+    state: JobState | None = None
+    agent: str | None = None
+    before: str | None = None
+    limit: int = 50
+
+
+@dataclass(frozen=True, slots=True)
+class Execution:
+    """One real attempt at a job. Written when the attempt ends (by its owner, or by the sweeper if lost)."""
+
+    id: str
+    job_id: str
+    epoch: int
+    worker_id: str
+    started_at: float
+    ended_at: float | None
+    outcome: str | None
+    usage: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerInfo:
+    """One worker incarnation in the registry."""
+
+    id: str
+    host: str
+    pid: int
+    concurrency: int
+    agents: tuple[str, ...]
+    capabilities: tuple[str, ...] = ()
+    state: WorkerState = WorkerState.ACTIVE
+    in_flight: int = 0
+    started_at: float | None = None
+    last_heartbeat: float | None = None
+    jobs_held: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["state"] = self.state.value
+        out["agents"] = list(self.agents)
+        out["capabilities"] = list(self.capabilities)
+        out["jobs_held"] = list(self.jobs_held)
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatReply:
+    """What one heartbeat learned: which held jobs are still ours, and which of them have a cancel request."""
+
+    renewed: frozenset[str]
+    cancel_requested: frozenset[str]
+
+    def lost(self, held: Sequence[Fence]) -> list[Fence]:
+        return [f for f in held if f.job_id not in self.renewed]
+
+
+@dataclass(slots=True)
+class SweepReport:
+    """What one sweep did, by job id."""
+
+    released: list[str] = field(default_factory=list)
+    lost: list[str] = field(default_factory=list)
+    requeued: list[str] = field(default_factory=list)
+    expired: list[str] = field(default_factory=list)
+    due: list[str] = field(default_factory=list)
+    dead: list[str] = field(default_factory=list)
+    workers_gone: list[str] = field(default_factory=list)
+
+    def total(self) -> int:
+        return sum(len(v) for v in dataclasses.asdict(self).values())
+
+    def as_dict(self) -> Mapping[str, list[str]]:
+        return dataclasses.asdict(self)

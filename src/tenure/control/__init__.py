@@ -1,0 +1,1 @@
+"""The control plane: admission, idempotency, retries, the sweeper duty. Imports contracts only."""

@@ -1,0 +1,100 @@
+"""The bundled example agents: `tenure.examples:app`. Each one demonstrates one runtime behaviour.
+
+    echo                return the input
+    sleep               async sleep, emitting progress events           {"seconds": 1.0, "every": 0.2}
+    stream              emit `count` events as fast as possible          {"count": 1000}
+    flaky               fail the first N attempts, then succeed          {"fail_times": 2}
+    blocking            sync I/O through ctx.to_thread                   {"seconds": 0.2}
+    crash_after_effect  increment a counter file, then sleep (crash tests) {"counter": "/tmp/c", "seconds": 30}
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import os
+import time
+from typing import Any
+
+from tenure.contracts.errors import RetryableError
+from tenure.kernel.context import Context
+from tenure.kernel.registry import Tenure
+
+app = Tenure("examples")
+
+
+def _arg(input: Any, key: str, default: Any) -> Any:
+    return input.get(key, default) if isinstance(input, dict) else default
+
+
+@app.agent("echo")
+async def echo(ctx: Context, input: Any) -> Any:
+    """Return the input unchanged."""
+    return input
+
+
+@app.agent("sleep", timeout=3600)
+async def sleep(ctx: Context, input: Any) -> dict[str, Any]:
+    """Sleep `seconds` without blocking the loop, emitting a `progress` event every `every` seconds."""
+    seconds = float(_arg(input, "seconds", 1.0))
+    every = max(0.01, float(_arg(input, "every", 0.25)))
+    start = time.monotonic()
+    while (elapsed := time.monotonic() - start) < seconds:
+        await ctx.emit("progress", {"elapsed_s": round(elapsed, 3), "of_s": seconds})
+        await asyncio.sleep(min(every, seconds - elapsed))
+    return {"slept_s": seconds}
+
+
+@app.agent("stream", timeout=3600)
+async def stream(ctx: Context, input: Any) -> dict[str, Any]:
+    """Emit `count` events of type `count` as fast as the runtime takes them."""
+    count = int(_arg(input, "count", 1000))
+    for i in range(count):
+        await ctx.emit("count", {"i": i})
+    return {"emitted": count}
+
+
+@app.agent("flaky", max_attempts=5)
+async def flaky(ctx: Context, input: Any) -> dict[str, Any]:
+    """Raise a retryable error on the first `fail_times` attempts, then succeed."""
+    fail_times = int(_arg(input, "fail_times", 1))
+    if ctx.attempt <= fail_times:
+        raise RetryableError(f"flaky: failing attempt {ctx.attempt} of the first {fail_times}")
+    return {"succeeded_on_attempt": ctx.attempt}
+
+
+def _blocking_io(seconds: float) -> float:
+    # Stands in for a sync SDK call (object storage, sync HTTP): it holds its thread, never the loop.
+    time.sleep(seconds)
+    return seconds
+
+
+@app.agent("blocking")
+async def blocking(ctx: Context, input: Any) -> dict[str, Any]:
+    """Do `seconds` of sync I/O through the bounded adapter (ctx.to_thread), never on the event loop."""
+    seconds = float(_arg(input, "seconds", 0.2))
+    done = await ctx.to_thread(_blocking_io, seconds)
+    return {"blocked_s": done}
+
+
+def _increment(path: str) -> int:
+    with open(path, "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        f.seek(0)
+        value = int(f.read().strip() or 0) + 1
+        f.seek(0)
+        f.truncate()
+        f.write(str(value))
+        f.flush()
+        os.fsync(f.fileno())
+    return value
+
+
+@app.agent("crash_after_effect", max_attempts=1)
+async def crash_after_effect(ctx: Context, input: Any) -> dict[str, Any]:
+    """Increment the counter file (an external side effect), then sleep: kill the worker meanwhile to see
+    that the runtime never runs it twice (the job becomes `lost`)."""
+    value = await ctx.to_thread(_increment, str(_arg(input, "counter", "/tmp/tenure-counter")))
+    await ctx.emit("effect", {"counter": value})
+    await asyncio.sleep(float(_arg(input, "seconds", 30.0)))
+    return {"counter": value}

@@ -1,0 +1,103 @@
+"""The `Context` a handler receives: its identity, its event stream, and the offload adapter.
+
+Everything an execution writes goes through its `ExecutionPort`, which the worker implements with the
+execution's fence: once the job is no longer owned by this (epoch, token), nothing more is written and
+every call raises `OwnershipLost`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
+
+from tenure.contracts.types import dumps
+
+T = TypeVar("T")
+
+
+class ExecutionPort(Protocol):
+    """What the worker provides to one execution's Context."""
+
+    async def emit(self, type: str, payload_json: str) -> None:
+        """Queue one event for the durable history (fenced); waits only when the buffer is full."""
+        ...
+
+    async def flush(self) -> None:
+        """Wait until every queued event of this execution is durable."""
+        ...
+
+    def check(self) -> None:
+        """Raise OwnershipLost or JobCancelled if the execution must stop."""
+        ...
+
+    async def to_thread(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+        """Run a blocking callable through the worker's bounded adapter."""
+        ...
+
+    async def to_process(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+        """Run a CPU-bound callable in the worker's process pool."""
+        ...
+
+    def record_usage(self, counts: dict[str, float]) -> None:
+        """Add token / cost counters to this execution's usage record."""
+        ...
+
+
+class Context:
+    """Handed to every handler: `await ctx.emit(...)`, `await ctx.to_thread(...)`, `ctx.usage(...)`."""
+
+    __slots__ = ("_port", "agent", "attempt", "epoch", "execution_id", "job_id", "log", "tenant", "worker_id")
+
+    def __init__(
+        self,
+        port: ExecutionPort,
+        *,
+        job_id: str,
+        execution_id: str,
+        epoch: int,
+        attempt: int,
+        agent: str,
+        tenant: str,
+        worker_id: str,
+    ) -> None:
+        self._port = port
+        self.job_id = job_id
+        self.execution_id = execution_id
+        self.epoch = epoch
+        self.attempt = attempt
+        self.agent = agent
+        self.tenant = tenant
+        self.worker_id = worker_id
+        self.log = logging.getLogger(f"tenure.agent.{agent}")
+
+    async def emit(self, type: str, payload: Any = None) -> None:
+        """Append an event to this job's durable history (then to live subscribers).
+
+        Events are buffered and written in batches; `emit` returns once the event is queued and waits only
+        when this execution has too many unwritten events. Raises `OwnershipLost` once the job is no longer
+        owned by this execution.
+        """
+        if not type:
+            raise ValueError("an event needs a type")
+        await self._port.emit(type, dumps(payload))
+
+    async def flush(self) -> None:
+        """Wait until every event emitted so far is durable."""
+        await self._port.flush()
+
+    def check(self) -> None:
+        """Raise if this execution should stop (ownership lost or job cancelled)."""
+        self._port.check()
+
+    async def to_thread(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+        """Run blocking code (sync I/O, sync SDKs) off the event loop, bounded by the worker's adapter."""
+        return await self._port.to_thread(fn, *args, **kwargs)
+
+    async def to_process(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+        """Run CPU-bound code in a process pool (the callable and arguments must pickle)."""
+        return await self._port.to_process(fn, *args, **kwargs)
+
+    def usage(self, **counts: float) -> None:
+        """Record usage (e.g. input_tokens=812, output_tokens=95, cost_usd=0.01) on this execution."""
+        self._port.record_usage(counts)

@@ -1,0 +1,100 @@
+"""The app object agent authors create, and its registry of agents.
+
+    app = Tenure()
+
+    @app.agent("summarize", requires={"text"}, timeout=600, max_attempts=3)
+    async def summarize(ctx: Context, input: dict) -> dict: ...
+
+A plain `def` handler is run through the blocking-call adapter, never on the event loop.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from tenure.contracts.errors import ConfigError
+from tenure.contracts.types import AgentSpec
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
+_TAG = re.compile(r"^[A-Za-z0-9_.:/-]{1,64}$")
+
+Handler = Callable[..., Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Agent:
+    """One registered agent: its spec and its handler."""
+
+    spec: AgentSpec
+    handler: Handler
+    is_async: bool
+
+
+def check_tags(tags: Iterable[str], what: str) -> frozenset[str]:
+    """Validate capability tags (letters, digits and `_.:/-`; no commas)."""
+    out = frozenset(tags)
+    for t in out:
+        if not isinstance(t, str) or not _TAG.match(t):
+            raise ConfigError(f"{what}: {t!r} is not a valid capability tag (letters, digits, _.:/-, 1-64 chars)")
+    return out
+
+
+class Tenure:
+    """An application: a named set of agents that workers run and gateways admit."""
+
+    def __init__(self, name: str = "tenure") -> None:
+        self.name = name
+        self._agents: dict[str, Agent] = {}
+
+    def agent(
+        self,
+        name: str | None = None,
+        *,
+        requires: Iterable[str] = (),
+        timeout: float | None = None,
+        max_attempts: int = 3,
+        retry_safe: bool = False,
+        priority: int = 0,
+    ) -> Callable[[Handler], Handler]:
+        """Register the decorated function as an agent.
+
+        `requires`: capability tags a worker must have to run it. `timeout`: seconds before an execution is
+        stopped and counted as a retryable failure. `max_attempts`: executions before the job is dead.
+        `retry_safe`: a run lost mid-way may be started again (its effects are idempotent or journaled).
+        """
+
+        def register(fn: Handler) -> Handler:
+            agent_name = name or fn.__name__
+            if not _NAME.match(agent_name):
+                raise ConfigError(f"invalid agent name {agent_name!r}")
+            if agent_name in self._agents:
+                raise ConfigError(f"agent {agent_name!r} is registered twice")
+            if max_attempts < 1:
+                raise ConfigError(f"agent {agent_name!r}: max_attempts must be at least 1")
+            if timeout is not None and timeout <= 0:
+                raise ConfigError(f"agent {agent_name!r}: timeout must be positive")
+            spec = AgentSpec(
+                name=agent_name, max_attempts=max_attempts, timeout_s=timeout, retry_safe=retry_safe,
+                requires=check_tags(requires, f"agent {agent_name!r}"), priority=priority,
+            )
+            self._agents[agent_name] = Agent(spec, fn, inspect.iscoroutinefunction(fn))
+            return fn
+
+        return register
+
+    def get(self, name: str) -> Agent | None:
+        """The agent registered under `name`, if any."""
+        return self._agents.get(name)
+
+    @property
+    def agents(self) -> dict[str, Agent]:
+        """Every registered agent by name."""
+        return dict(self._agents)
+
+    def specs(self) -> dict[str, AgentSpec]:
+        """The specs the control plane needs, by agent name."""
+        return {n: a.spec for n, a in self._agents.items()}

@@ -1,0 +1,74 @@
+"""Fault injection points for crash and fencing tests (and the demo), set with `TENURE_FAULTS`.
+
+    TENURE_FAULTS="after_claim=stop"            SIGSTOP this worker right after its first claim
+    TENURE_FAULTS="after_start=kill"            SIGKILL itself right after its first start CAS
+    TENURE_FAULTS="after_claim=sleep:30"        park 30 s between claim and start (once)
+    TENURE_FAULTS="after_claim@slow=sleep:30"   only for jobs of agent `slow`
+
+Each rule fires once per process. Points: after_claim, after_start, before_finish. Never set in production.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+from dataclasses import dataclass, field
+
+from tenure.contracts.errors import ConfigError
+
+log = logging.getLogger("tenure.faults")
+POINTS = ("after_claim", "after_start", "before_finish")
+
+
+@dataclass(slots=True)
+class _Rule:
+    point: str
+    agent: str | None
+    action: str
+    seconds: float = 0.0
+    fired: bool = False
+
+
+@dataclass(slots=True)
+class Faults:
+    """Parsed fault rules; `await faults.hit(point, agents)` runs a matching rule once."""
+
+    rules: list[_Rule] = field(default_factory=list)
+
+    @classmethod
+    def parse(cls, text: str | None) -> Faults:
+        rules = []
+        for item in (text or "").split(","):
+            item = item.strip()
+            if not item:
+                continue
+            where, sep, action = item.partition("=")
+            point, _, agent = where.partition("@")
+            if not sep or point not in POINTS:
+                raise ConfigError(f"TENURE_FAULTS: bad rule {item!r} (points: {', '.join(POINTS)})")
+            seconds = 0.0
+            if action.startswith("sleep:"):
+                try:
+                    seconds = float(action[6:])
+                except ValueError:
+                    raise ConfigError(f"TENURE_FAULTS: bad sleep in {item!r}") from None
+                action = "sleep"
+            if action not in ("stop", "kill", "sleep"):
+                raise ConfigError(f"TENURE_FAULTS: unknown action in {item!r} (stop, kill, sleep:N)")
+            rules.append(_Rule(point, agent or None, action, seconds))
+        return cls(rules)
+
+    async def hit(self, point: str, agents: set[str]) -> None:
+        for rule in self.rules:
+            if rule.fired or rule.point != point or (rule.agent is not None and rule.agent not in agents):
+                continue
+            rule.fired = True
+            log.warning("fault injected at %s: %s", point, rule.action)
+            if rule.action == "stop":
+                os.kill(os.getpid(), signal.SIGSTOP)
+            elif rule.action == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            else:
+                await asyncio.sleep(rule.seconds)

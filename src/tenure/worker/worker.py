@@ -1,0 +1,546 @@
+"""The worker: claim only with a free slot, start with the start CAS, run, finish with the finish CAS.
+
+    claim loop ── claim(free slots) ── start CAS (batch) ── spawn executions
+    executions ── handler(ctx, input) ── events → writer ── finish → writer
+    writer     ── one batch of fenced event appends, then one batch of finish CAS, per round trip
+    heartbeat  ── one round trip per interval renews every held claim; learns of cancels and losses
+    sweeper    ── only while holding the `duty:sweeper` lease: release, lose, expire, reschedule
+
+Every write an execution makes carries its fence (job, epoch, token). When a write matches no row, or a
+heartbeat does not renew a claim, or no heartbeat got through for a whole claim TTL, the execution is stopped
+(its task is cancelled and every later call raises `OwnershipLost`) and writes nothing more.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from tenure.contracts.errors import (
+    JobCancelled,
+    OwnershipLost,
+    PermanentError,
+    StoreUnavailable,
+    TenureError,
+)
+from tenure.contracts.states import JobState, WorkerState
+from tenure.contracts.store import Leases, Store
+from tenure.contracts.types import (
+    Claim,
+    Fence,
+    Finish,
+    NewEvent,
+    Start,
+    Started,
+    WorkerInfo,
+    dumps,
+    new_id,
+)
+from tenure.control.retry import backoff_s
+from tenure.kernel.blocking import BlockingAdapter
+from tenure.kernel.context import Context
+from tenure.kernel.registry import Agent, Tenure
+from tenure.worker.faults import Faults
+
+log = logging.getLogger("tenure.worker")
+T = TypeVar("T")
+
+SWEEPER_DUTY = "duty:sweeper"
+MAX_RESULT_BYTES = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerConfig:
+    """How one worker process behaves. See docs/configuration.md for the matching TENURE_* variables."""
+
+    concurrency: int = 10
+    heartbeat_s: float = 5.0
+    claim_ttl_s: float = 15.0
+    sweep_interval_s: float = 1.0
+    drain_timeout_s: float = 30.0
+    poll_s: float = 1.0
+    capabilities: tuple[str, ...] = ()
+    event_buffer: int = 1000
+    blocking_max_in_flight: int = 32
+    blocking_max_queued: int = 1000
+    blocking_queue_timeout_s: float = 60.0
+    retry_base_s: float = 1.0
+    retry_cap_s: float = 300.0
+
+    @property
+    def worker_ttl_s(self) -> float:
+        """A worker silent this long is marked gone in the registry."""
+        return self.claim_ttl_s * 2
+
+
+class _Writer:
+    """Group commit for one worker: whatever events and finishes are pending when a round trip can start go
+    together — events first (so a job's history is complete before its finish), then finishes."""
+
+    def __init__(self, store: Store, worker_id: str, on_rejected: Callable[[str], None]) -> None:
+        self._store = store
+        self._worker_id = worker_id
+        self._on_rejected = on_rejected
+        self._events: list[NewEvent] = []
+        self._flushes: list[asyncio.Future[None]] = []
+        self._finishes: list[tuple[Finish, asyncio.Future[bool]]] = []
+        self._wake = asyncio.Event()
+        self._closing = False
+
+    def append(self, event: NewEvent) -> None:
+        self._events.append(event)
+        self._wake.set()
+
+    def flush(self) -> asyncio.Future[None]:
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._flushes.append(fut)
+        self._wake.set()
+        return fut
+
+    def finish(self, finish: Finish) -> asyncio.Future[bool]:
+        fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._finishes.append((finish, fut))
+        self._wake.set()
+        return fut
+
+    def idle(self) -> bool:
+        return not (self._events or self._flushes or self._finishes)
+
+    async def run(self) -> None:
+        retry_delay = 0.05
+        while True:
+            if self.idle():
+                if self._closing:
+                    return
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            events, flushes, finishes = self._events, self._flushes, self._finishes
+            self._events, self._flushes, self._finishes = [], [], []
+            try:
+                if events:
+                    for job_id in await self._store.append_events(events):
+                        self._on_rejected(job_id)
+                for fut in flushes:
+                    if not fut.done():
+                        fut.set_result(None)
+                if finishes:
+                    done = set(await self._store.finish(self._worker_id, [f for f, _ in finishes]))
+                    for f, fut in finishes:
+                        if not fut.done():
+                            fut.set_result(f.fence.job_id in done)
+                retry_delay = 0.05
+            except StoreUnavailable as exc:
+                # Keep everything and try again: appends are idempotent (ON CONFLICT DO NOTHING), and a finish
+                # that committed before the error is recognised by the caller.
+                log.warning("store unavailable while writing, retrying in %.2fs: %s", retry_delay, exc)
+                self._events[:0], self._flushes[:0], self._finishes[:0] = events, flushes, finishes
+                await asyncio.sleep(retry_delay)
+                retry_delay = min(retry_delay * 2, 2.0)
+
+    async def close(self) -> None:
+        self._closing = True
+        self._wake.set()
+
+
+class _Execution:
+    """One started execution: its fence, its event sequence, and the port its Context writes through."""
+
+    __slots__ = (
+        "agent", "attempt", "cancel_requested", "claim", "execution_id", "fence", "lost", "seq", "started_at",
+        "task", "unwritten", "usage", "worker",
+    )
+
+    def __init__(self, worker: Worker, claim: Claim, started: Started, agent: Agent) -> None:
+        self.worker = worker
+        self.claim = claim
+        self.agent = agent
+        self.fence = started.fence
+        self.execution_id = started.execution_id
+        self.started_at = started.started_at
+        self.attempt = started.attempt
+        self.seq = 1  # seq 1 is execution.started, written by the start CAS
+        self.lost = False
+        self.cancel_requested = False
+        self.unwritten = 0
+        self.usage: dict[str, float] = {}
+        self.task: asyncio.Task[None] | None = None
+
+    # -- ExecutionPort -------------------------------------------------------------------------------------------
+    def check(self) -> None:
+        if self.lost:
+            raise OwnershipLost(f"job {self.fence.job_id} is no longer owned by epoch {self.fence.epoch}")
+        if self.cancel_requested:
+            raise JobCancelled(f"job {self.fence.job_id} was cancelled")
+
+    async def emit(self, type: str, payload_json: str) -> None:
+        if self.lost:
+            self.check()
+        self.seq += 1
+        self.worker._writer.append(NewEvent(self.fence, self.execution_id, self.seq, type, payload_json))
+        self.unwritten += 1
+        if self.unwritten >= self.worker.config.event_buffer:
+            await self.flush()
+
+    async def flush(self) -> None:
+        self.unwritten = 0
+        await self.worker._writer.flush()
+        if self.lost:
+            self.check()
+
+    async def to_thread(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+        return await self.worker._adapter.run(fn, *args, **kwargs)
+
+    async def to_process(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+        return await self.worker._run_in_process(fn, *args, **kwargs)
+
+    def record_usage(self, counts: dict[str, float]) -> None:
+        for k, v in counts.items():
+            self.usage[k] = self.usage.get(k, 0) + v
+
+
+class Worker:
+    """One worker incarnation. `await Worker(store, app, config).run(stop_event)`."""
+
+    def __init__(
+        self,
+        store: Store,
+        app: Tenure,
+        config: WorkerConfig | None = None,
+        *,
+        leases: Leases | None = None,
+        faults: Faults | None = None,
+        worker_id: str | None = None,
+    ) -> None:
+        self.store = store
+        self.app = app
+        self.config = config or WorkerConfig()
+        self.leases: Leases | None = leases
+        self.faults = faults or Faults()
+        self.host = socket.gethostname()
+        self.id = worker_id or f"{self.host}:{os.getpid()}:{new_id()[-8:]}"
+        self.agents = sorted(app.agents)
+        self.state = WorkerState.ACTIVE
+        self._claimed: dict[str, Claim] = {}  # claimed, not started
+        self._running: dict[str, _Execution] = {}  # started, not finished
+        self._busy = 0  # slots in use: claimed + running handlers
+        self._slot_freed = asyncio.Event()
+        self._stopping = asyncio.Event()
+        self._shutting_down = False
+        self._writer = _Writer(store, self.id, self._lose)
+        self._adapter = BlockingAdapter(
+            "worker", self.config.blocking_max_in_flight, self.config.blocking_max_queued,
+            self.config.blocking_queue_timeout_s,
+        )
+        self._process_pool: ProcessPoolExecutor | None = None
+        self._last_renewed = time.monotonic()
+        self._executions: asyncio.TaskGroup | None = None
+        self.finished = 0
+
+    # -- public -----------------------------------------------------------------------------------------------------
+    def info(self) -> WorkerInfo:
+        return WorkerInfo(
+            id=self.id, host=self.host, pid=os.getpid(), concurrency=self.config.concurrency,
+            agents=tuple(self.agents), capabilities=tuple(self.config.capabilities), state=self.state,
+        )
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Run until `stop` is set, then drain: release unstarted claims at once, let running executions
+        finish (up to the drain timeout), and leave the registry."""
+        await self.store.register_worker(self.info())
+        log.info("worker %s up: %d slots, agents %s", self.id, self.config.concurrency, ", ".join(self.agents))
+        async with asyncio.TaskGroup() as loops:
+            writer = loops.create_task(self._writer.run(), name="writer")
+            heartbeat = loops.create_task(self._heartbeat_loop(), name="heartbeat")
+            sweeper = loops.create_task(self._sweeper_loop(), name="sweeper")
+            async with asyncio.TaskGroup() as executions:
+                self._executions = executions
+                claimer = executions.create_task(self._claim_loop(), name="claim-loop")
+                await stop.wait()
+                await self._drain(claimer)
+            self._executions = None
+            sweeper.cancel()
+            await self._writer.close()
+            await writer
+            heartbeat.cancel()
+        await self._leave()
+
+    # -- claiming -----------------------------------------------------------------------------------------------------
+    async def _claim_loop(self) -> None:
+        cfg = self.config
+        while not self._stopping.is_set():
+            free = cfg.concurrency - self._busy
+            if free <= 0 or self.state is not WorkerState.ACTIVE:
+                self._slot_freed.clear()
+                await self._wait_any(self._slot_freed.wait(), cfg.poll_s)
+                continue
+            try:
+                claims = await self.store.claim(self.id, self.agents, cfg.capabilities, free, cfg.claim_ttl_s)
+            except StoreUnavailable as exc:
+                log.warning("claim failed: %s", exc)
+                await self._wait_any(self._stopping.wait(), cfg.poll_s)
+                continue
+            if not claims:
+                await self._wait_any(self.store.wait_for_jobs(cfg.poll_s), cfg.poll_s)
+                continue
+            self._busy += len(claims)
+            for c in claims:
+                self._claimed[c.fence.job_id] = c
+            await self.faults.hit("after_claim", {c.agent for c in claims})
+            await self._start(claims)
+
+    async def _wait_any(self, aw: Any, timeout: float) -> None:
+        """Wait for `aw` or for stop, at most `timeout` seconds."""
+        waiter = asyncio.ensure_future(aw)
+        stopper = asyncio.ensure_future(self._stopping.wait())
+        try:
+            await asyncio.wait({waiter, stopper}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for t in (waiter, stopper):
+                t.cancel()
+            await asyncio.gather(waiter, stopper, return_exceptions=True)
+
+    async def _start(self, claims: list[Claim]) -> None:
+        starts = [Start(c.fence, new_id()) for c in claims]
+        try:
+            started = await self.store.start(self.id, starts)
+        except StoreUnavailable as exc:
+            # Unknown whether the start committed: treat these claims as lost to us. If they did start, the
+            # sweeper will find them unrenewed and mark them lost; if not, it releases them.
+            log.warning("start failed, giving up %d claims: %s", len(claims), exc)
+            started = []
+        by_job = {s.fence.job_id: s for s in started}
+        for c in claims:
+            self._claimed.pop(c.fence.job_id, None)
+            s = by_job.get(c.fence.job_id)
+            agent = self.app.get(c.agent)
+            if s is None or agent is None:
+                self._free_slot()
+                continue
+            ex = _Execution(self, c, s, agent)
+            self._running[c.fence.job_id] = ex
+            assert self._executions is not None
+            ex.task = self._executions.create_task(self._execute(ex), name=f"job-{c.fence.job_id}")
+        if started:
+            await self.faults.hit("after_start", {c.agent for c in claims})
+
+    def _free_slot(self) -> None:
+        self._busy -= 1
+        self._slot_freed.set()
+
+    # -- executing ---------------------------------------------------------------------------------------------------
+    async def _execute(self, ex: _Execution) -> None:
+        claim, agent = ex.claim, ex.agent
+        ctx = Context(
+            ex, job_id=claim.fence.job_id, execution_id=ex.execution_id, epoch=claim.fence.epoch,
+            attempt=ex.attempt, agent=claim.agent, tenant=claim.tenant, worker_id=self.id,
+        )
+        finish: Finish | None = None
+        slot_held = True
+        try:
+            try:
+                payload = json.loads(claim.input_json)
+                async with asyncio.timeout(claim.timeout_s) as deadline:
+                    if agent.is_async:
+                        result = await agent.handler(ctx, payload)
+                    else:
+                        result = await self._adapter.run(agent.handler, ctx, payload)
+                result_json = dumps(result)
+                if len(result_json) > MAX_RESULT_BYTES:
+                    raise PermanentError(f"result is {len(result_json)} bytes; the limit is {MAX_RESULT_BYTES}")
+                finish = self._finish(ex, JobState.SUCCEEDED, result_json=result_json)
+            except asyncio.CancelledError:
+                if not (ex.lost or ex.cancel_requested or self._shutting_down):
+                    raise
+                task = asyncio.current_task()
+                if task is not None:
+                    task.uncancel()
+                if ex.lost:
+                    return
+                if ex.cancel_requested:
+                    finish = self._finish(ex, JobState.CANCELLED, error_code="cancelled", error="cancelled")
+                else:
+                    finish = self._failure(ex, "worker_shutdown", "the worker shut down before the job finished")
+            except OwnershipLost:
+                return
+            except JobCancelled:
+                finish = self._finish(ex, JobState.CANCELLED, error_code="cancelled", error="cancelled")
+            except TimeoutError as exc:
+                if deadline.expired():
+                    finish = self._failure(ex, "timeout", f"the handler ran longer than {claim.timeout_s}s")
+                else:
+                    finish = self._failure(ex, "error", _describe(exc))
+            except PermanentError as exc:
+                finish = self._finish(ex, JobState.FAILED, error_code=exc.code, error=str(exc))
+            except TenureError as exc:
+                finish = self._failure(ex, exc.code, _describe(exc))
+            except Exception as exc:
+                log.info("job %s attempt %d raised %s", claim.fence.job_id, ex.attempt, _describe(exc))
+                finish = self._failure(ex, "error", _describe(exc))
+            # The slot is execution capacity: free it now, while the finish waits for its round trip.
+            self._free_slot()
+            slot_held = False
+            if ex.lost:
+                return
+            await self.faults.hit("before_finish", {claim.agent})
+            matched = await self._writer.finish(finish)
+            if not matched and not ex.lost:
+                log.warning("finish of job %s matched no row: ownership was lost", claim.fence.job_id)
+            self.finished += 1
+        finally:
+            if slot_held:
+                self._free_slot()
+            self._running.pop(claim.fence.job_id, None)
+
+    def _finish(
+        self, ex: _Execution, state: JobState, *, result_json: str | None = None, error_code: str | None = None,
+        error: str | None = None, retry_delay_s: float = 0.0,
+    ) -> Finish:
+        ex.seq += 1
+        return Finish(
+            ex.fence, ex.execution_id, ex.started_at, state, ex.seq, result_json, error_code, error, retry_delay_s,
+            dumps(ex.usage) if ex.usage else None,
+        )
+
+    def _failure(self, ex: _Execution, code: str, message: str) -> Finish:
+        """A retryable failure: back to the queue after a backoff while attempts remain, else dead."""
+        if ex.attempt < ex.claim.max_attempts:
+            delay = backoff_s(ex.attempt, self.config.retry_base_s, self.config.retry_cap_s)
+            return self._finish(ex, JobState.SCHEDULED, error_code=code, error=message, retry_delay_s=delay)
+        return self._finish(
+            ex, JobState.DEAD, error_code=code, error=f"{message} (after {ex.attempt} attempts)"
+        )
+
+    def _lose(self, job_id: str) -> None:
+        """This worker no longer owns `job_id`: stop its execution and write nothing more for it."""
+        if self._claimed.pop(job_id, None) is not None:
+            self._free_slot()
+            log.warning("claim of job %s was lost before it started", job_id)
+            return
+        ex = self._running.get(job_id)
+        if ex is None or ex.lost:
+            return
+        ex.lost = True
+        log.warning("job %s: ownership lost (epoch %d); stopping its execution", job_id, ex.fence.epoch)
+        if ex.task is not None and ex.task is not asyncio.current_task():
+            ex.task.cancel(f"OwnershipLost: job {job_id} epoch {ex.fence.epoch}")
+
+    def _cancel(self, job_id: str) -> None:
+        ex = self._running.get(job_id)
+        if ex is None or ex.cancel_requested or ex.lost:
+            return
+        ex.cancel_requested = True
+        if ex.task is not None:
+            ex.task.cancel(f"JobCancelled: job {job_id}")
+
+    async def _run_in_process(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+        if self._process_pool is None:
+            self._process_pool = ProcessPoolExecutor(max_workers=max(1, (os.cpu_count() or 2) - 1))
+        loop = asyncio.get_running_loop()
+        if kwargs:
+            import functools
+
+            return await loop.run_in_executor(self._process_pool, functools.partial(fn, *args, **kwargs))
+        return await loop.run_in_executor(self._process_pool, fn, *args)
+
+    # -- heartbeat -----------------------------------------------------------------------------------------------------
+    def _held_fences(self) -> list[Fence]:
+        return [c.fence for c in self._claimed.values()] + [e.fence for e in self._running.values()]
+
+    async def _heartbeat_loop(self) -> None:
+        cfg = self.config
+        while True:
+            await asyncio.sleep(cfg.heartbeat_s)
+            await self.heartbeat_once()
+
+    async def heartbeat_once(self) -> None:
+        """One heartbeat round trip: renew every held claim, learn of losses and cancel requests."""
+        cfg = self.config
+        held = self._held_fences()
+        sent = time.monotonic()
+        try:
+            reply = await self.store.heartbeat(self.id, self.state, len(self._running), held, cfg.claim_ttl_s)
+        except StoreUnavailable as exc:
+            log.warning("heartbeat failed: %s", exc)
+            if time.monotonic() - self._last_renewed > cfg.claim_ttl_s:
+                # No renewal for a whole TTL: others may already own our jobs. Stop everything (self-fencing).
+                for f in held:
+                    self._lose(f.job_id)
+            return
+        self._last_renewed = sent
+        for f in reply.lost(held):
+            current = self._running.get(f.job_id) or self._claimed.get(f.job_id)
+            if current is not None and current.fence == f:
+                self._lose(f.job_id)
+        for job_id in reply.cancel_requested:
+            self._cancel(job_id)
+
+    # -- sweeper duty ---------------------------------------------------------------------------------------------------
+    async def _sweeper_loop(self) -> None:
+        cfg = self.config
+        duty = self.leases or _store_leases(self.store)
+        while True:
+            try:
+                if duty is not None and await duty.acquire(SWEEPER_DUTY, self.id, 1, cfg.claim_ttl_s):
+                    report = await self.store.sweep(cfg.worker_ttl_s)
+                    if report.total():
+                        log.info("sweep: %s", {k: len(v) for k, v in report.as_dict().items() if v})
+            except StoreUnavailable as exc:
+                log.warning("sweep failed: %s", exc)
+            await asyncio.sleep(cfg.sweep_interval_s)
+
+    # -- shutdown --------------------------------------------------------------------------------------------------------
+    async def _drain(self, claimer: asyncio.Task[None]) -> None:
+        self._stopping.set()
+        self.state = WorkerState.DRAINING
+        with contextlib.suppress(StoreUnavailable):
+            await self.store.set_worker_state(self.id, WorkerState.DRAINING)
+        await claimer
+        unstarted = [c.fence for c in self._claimed.values()]
+        if unstarted:
+            with contextlib.suppress(StoreUnavailable):
+                released = await self.store.release_claims(self.id, unstarted)
+                log.info("drain: released %d unstarted claims", len(released))
+            for f in unstarted:
+                if self._claimed.pop(f.job_id, None) is not None:
+                    self._free_slot()
+        tasks = [e.task for e in self._running.values() if e.task is not None]
+        if tasks:
+            log.info("drain: waiting up to %.0fs for %d running jobs", self.config.drain_timeout_s, len(tasks))
+            _, pending = await asyncio.wait(tasks, timeout=self.config.drain_timeout_s)
+            if pending:
+                self._shutting_down = True
+                for t in pending:
+                    t.cancel("worker shutdown")
+                await asyncio.wait(pending)
+
+    async def _leave(self) -> None:
+        self.state = WorkerState.GONE
+        duty = self.leases or _store_leases(self.store)
+        with contextlib.suppress(StoreUnavailable):
+            if duty is not None:
+                await duty.release(SWEEPER_DUTY, self.id)
+            await self.store.set_worker_state(self.id, WorkerState.GONE)
+        await self._adapter.close(5.0)
+        if self._process_pool is not None:
+            self._process_pool.shutdown(wait=False, cancel_futures=True)
+        log.info("worker %s gone after %d jobs", self.id, self.finished)
+
+
+def _store_leases(store: Store) -> Leases | None:
+    # The SQL stores implement Leases too; the sweeper duty lives in the store unless Redis leases are given.
+    return store if isinstance(store, Leases) else None
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -1,0 +1,105 @@
+"""Shared fixtures: real SQLite files and real PostgreSQL schemas (never mocks), and the guard that fails any
+blocking call made on the event loop by the runtime's own code."""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from tenure.app import open_store
+from tenure.contracts.store import Store
+from tenure.settings import Settings
+
+PG_BASE = os.environ.get("TENURE_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
+REDIS_URL = os.environ.get("TENURE_TEST_REDIS", "redis://127.0.0.1:6379/0")
+ROOT = Path(__file__).resolve().parent.parent
+PYTHON = sys.executable
+
+
+def pg_url(schema: str) -> str:
+    return f"{PG_BASE}?search_path={schema}"
+
+
+async def new_pg_schema() -> str:
+    schema = "t_" + uuid.uuid4().hex[:12]
+    conn = await asyncpg.connect(PG_BASE)
+    try:
+        await conn.execute(f"CREATE SCHEMA {schema}")
+    finally:
+        await conn.close()
+    return schema
+
+
+async def drop_pg_schema(schema: str) -> None:
+    conn = await asyncpg.connect(PG_BASE)
+    try:
+        await conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+    finally:
+        await conn.close()
+
+
+@pytest.fixture
+async def pg_database_url() -> AsyncIterator[str]:
+    """A fresh PostgreSQL schema on the real server, dropped afterwards."""
+    schema = await new_pg_schema()
+    try:
+        yield pg_url(schema)
+    finally:
+        await drop_pg_schema(schema)
+
+
+@pytest.fixture
+def sqlite_database_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path}/tenure.db"
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+async def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[str]:
+    """Each backend in turn: the same test runs against SQLite and PostgreSQL."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path}/tenure.db"
+        return
+    schema = await new_pg_schema()
+    try:
+        yield pg_url(schema)
+    finally:
+        await drop_pg_schema(schema)
+
+
+@pytest.fixture
+async def store(database_url: str) -> AsyncIterator[Store]:
+    s = await open_store(Settings(database_url=database_url))
+    try:
+        yield s
+    finally:
+        await s.close()
+
+
+@pytest.fixture(autouse=True)
+def no_blocking_on_loop(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Seed 000's first rule as a test guard: in async tests, a blocking call (file, socket, sleep...) made
+    on the event loop from tenure's own code fails the test."""
+    if not request.node.get_closest_marker("asyncio") and not _is_async(request):
+        yield
+        return
+    from blockbuster import blockbuster_ctx
+
+    with blockbuster_ctx(scanned_modules=["tenure"]) as bb:
+        # asyncpg looks for ~/.pgpass and ~/.postgresql certificates while parsing connect arguments: a
+        # few stat calls per new connection, never per query. Allowed there and nowhere else.
+        for fn in bb.functions.values():
+            fn.can_block_in("asyncpg/connect_utils.py", {"_parse_connect_dsn_and_args"})
+        yield
+
+
+def _is_async(request: pytest.FixtureRequest) -> bool:
+    import inspect
+
+    fn = getattr(request.node, "function", None)
+    return fn is not None and inspect.iscoroutinefunction(fn)

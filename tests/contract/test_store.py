@@ -1,0 +1,350 @@
+"""The Store contract: one suite, run against SQLite and PostgreSQL (real databases, no mocks).
+
+Every conditional update is checked from both sides: the write that should match does, and the write that
+carries a stale fence (epoch, token, execution) matches no row and changes nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from tenure.contracts.errors import IdempotencyConflict, IllegalTransition, NotFound
+from tenure.contracts.states import JobState, WorkerState
+from tenure.contracts.store import LeaseRef, Store
+from tenure.contracts.types import AgentSpec, Claim, Fence, Finish, JobFilter, NewEvent, Start, WorkerInfo, new_id
+from tenure.control.admission import Admission, JobRequest
+
+AGENTS = {
+    "echo": AgentSpec("echo"),
+    "gpu": AgentSpec("gpu", requires=frozenset({"gpu"})),
+    "safe": AgentSpec("safe", retry_safe=True, max_attempts=2),
+}
+W1, W2 = "worker-1", "worker-2"
+TTL = 30.0
+
+
+def admission(store: Store) -> Admission:
+    return Admission(store, AGENTS)
+
+
+async def submit(store: Store, agent: str = "echo", input: object = None, **kw: object) -> str:
+    return (await admission(store).submit(JobRequest(agent, input, **kw))).job_id  # type: ignore[arg-type]
+
+
+async def claim_one(store: Store, worker: str = W1, ttl: float = TTL, agents: tuple[str, ...] = ("echo", "safe"),
+                    caps: tuple[str, ...] = ()) -> Claim:
+    claims = await store.claim(worker, agents, caps, 1, ttl)
+    assert len(claims) == 1
+    return claims[0]
+
+
+async def start_one(store: Store, claim: Claim, worker: str = W1) -> str:
+    execution_id = new_id()
+    started = await store.start(worker, [Start(claim.fence, execution_id)])
+    assert [s.fence for s in started] == [claim.fence]
+    return execution_id
+
+
+def finish(fence: Fence, execution_id: str, state: JobState = JobState.SUCCEEDED, seq: int = 2,
+           result: object = None, delay: float = 0.0) -> Finish:
+    return Finish(fence, execution_id, 0.0, state, seq, json.dumps(result), None, None, delay)
+
+
+async def test_migrate_is_idempotent_and_reports_the_version(store: Store) -> None:
+    assert await store.schema_version() == 1
+    assert await store.migrate() == 1
+    assert await store.schema_version() == 1
+
+
+async def test_server_time_is_the_database_clock(store: Store) -> None:
+    import time
+
+    assert abs(await store.server_time() - time.time()) < 5
+
+
+async def test_enqueued_job_reads_back_queued_and_unowned(store: Store) -> None:
+    job_id = await submit(store, input={"x": [1, "é"]}, priority=7)
+    job = await store.get_job(job_id)
+    assert job is not None
+    assert (job.state, job.owner, job.epoch, job.attempts, job.priority) == (JobState.QUEUED, None, 0, 0, 7)
+    assert job.input == {"x": [1, "é"]}
+    assert job.deadline is not None and job.deadline > job.created_at
+    assert await store.get_job(new_id()) is None
+    assert await store.get_job(job_id, tenant="someone-else") is None
+
+
+async def test_list_jobs_filters_and_pages_newest_first(store: Store) -> None:
+    ids = [await submit(store, input=i) for i in range(5)]
+    jobs = await store.list_jobs(JobFilter(limit=3))
+    assert [j.id for j in jobs] == ids[::-1][:3]
+    page2 = await store.list_jobs(JobFilter(limit=3, before=jobs[-1].id))
+    assert [j.id for j in page2] == ids[::-1][3:]
+    assert await store.list_jobs(JobFilter(state=JobState.DEAD)) == []
+    assert len(await store.list_jobs(JobFilter(agent="echo", state=JobState.QUEUED))) == 5
+
+
+async def test_same_idempotency_key_and_request_returns_the_original_job(store: Store) -> None:
+    a = await admission(store).submit(JobRequest("echo", {"a": 1}, idempotency_key="k"))
+    b = await admission(store).submit(JobRequest("echo", {"a": 1}, idempotency_key="k"))
+    assert a.created and not b.created and a.job_id == b.job_id
+    assert len(await store.list_jobs(JobFilter())) == 1
+
+
+async def test_same_idempotency_key_with_another_request_is_a_conflict(store: Store) -> None:
+    first = await submit(store, input={"a": 1}, idempotency_key="k")
+    with pytest.raises(IdempotencyConflict) as info:
+        await submit(store, input={"a": 2}, idempotency_key="k")
+    assert info.value.existing_job_id == first
+    assert len(await store.list_jobs(JobFilter())) == 1
+
+
+async def test_idempotency_keys_never_cross_tenants(store: Store) -> None:
+    a = await submit(store, input=1, idempotency_key="k", tenant="a")
+    b = await submit(store, input=2, idempotency_key="k", tenant="b")
+    assert a != b
+
+
+async def test_claim_takes_each_job_once_with_epoch_one(store: Store) -> None:
+    ids = [await submit(store) for _ in range(3)]
+    claims = await store.claim(W1, ["echo"], [], 10, TTL)
+    assert sorted(c.fence.job_id for c in claims) == sorted(ids)
+    assert {c.fence.epoch for c in claims} == {1}
+    assert await store.claim(W2, ["echo"], [], 10, TTL) == []
+    job = await store.get_job(ids[0])
+    assert job is not None and job.owner == W1 and job.state is JobState.QUEUED and job.claimed_at is not None
+
+
+async def test_claim_respects_limit_priority_agents_and_capabilities(store: Store) -> None:
+    low = await submit(store, priority=0)
+    high = await submit(store, priority=9)
+    gpu = await submit(store, "gpu")
+    (first,) = await store.claim(W1, ["echo", "gpu"], [], 1, TTL)
+    assert first.fence.job_id == high
+    assert [c.fence.job_id for c in await store.claim(W1, ["gpu"], [], 5, TTL)] == []  # lacks the tag
+    assert [c.fence.job_id for c in await store.claim(W1, ["gpu"], ["gpu", "x"], 5, TTL)] == [gpu]
+    assert [c.fence.job_id for c in await store.claim(W1, ["echo"], [], 5, TTL)] == [low]
+
+
+async def test_claim_skips_jobs_past_their_deadline(store: Store) -> None:
+    await submit(store, deadline_s=0.05)
+    await asyncio.sleep(0.15)
+    assert await store.claim(W1, ["echo"], [], 5, TTL) == []
+
+
+async def test_start_cas_needs_owner_epoch_and_token(store: Store) -> None:
+    await submit(store)
+    claim = await claim_one(store)
+    f = claim.fence
+    stale = [Fence(f.job_id, f.epoch, f.token + 1), Fence(f.job_id, f.epoch + 1, f.token)]
+    assert await store.start(W1, [Start(s, new_id()) for s in stale[:1]]) == []
+    assert await store.start(W1, [Start(stale[1], new_id())]) == []
+    assert await store.start(W2, [Start(f, new_id())]) == []  # not the owner
+    execution_id = new_id()
+    (started,) = await store.start(W1, [Start(f, execution_id)])
+    assert started.attempt == 1 and started.execution_id == execution_id
+    assert await store.start(W1, [Start(f, new_id())]) == []  # only once
+    job = await store.get_job(f.job_id)
+    assert job is not None and job.state is JobState.RUNNING and job.execution_id == execution_id
+    events = await store.read_events(f.job_id, None, 10)
+    assert [(e.epoch, e.seq, e.type) for e in events] == [(1, 1, "execution.started")]
+
+
+async def test_finish_cas_needs_its_execution_and_appends_the_terminal_event(store: Store) -> None:
+    await submit(store)
+    claim = await claim_one(store)
+    execution_id = await start_one(store, claim)
+    f = claim.fence
+    assert await store.finish(W1, [finish(Fence(f.job_id, f.epoch, f.token + 1), execution_id)]) == []
+    assert await store.finish(W1, [finish(f, new_id())]) == []
+    assert await store.finish(W1, [finish(f, execution_id, result={"ok": True})]) == [f.job_id]
+    assert await store.finish(W1, [finish(f, execution_id)]) == []  # a second finish matches nothing
+    job = await store.get_job(f.job_id)
+    assert job is not None and job.state is JobState.SUCCEEDED and job.result == {"ok": True}
+    assert job.owner is None and job.finished_at is not None
+    events = await store.read_events(f.job_id, None, 10)
+    assert [e.type for e in events] == ["execution.started", "job.succeeded"]
+    (record,) = await store.list_executions(f.job_id)
+    assert (record.id, record.epoch, record.worker_id, record.outcome) == (execution_id, 1, W1, "succeeded")
+
+
+async def test_fenced_append_writes_only_while_the_fence_owns_a_running_job(store: Store) -> None:
+    await submit(store)
+    claim = await claim_one(store)
+    f = claim.fence
+    early = NewEvent(f, new_id(), 2, "early", "{}")
+    assert await store.append_events([early]) == {f.job_id}  # claimed, not started: nothing is written
+    execution_id = await start_one(store, claim)
+    good = [NewEvent(f, execution_id, seq, "message.delta", json.dumps({"i": seq})) for seq in (2, 3, 4)]
+    assert await store.append_events(good) == set()
+    assert await store.append_events(good[:1]) == set()  # a retried append is idempotent
+    stale = NewEvent(Fence(f.job_id, f.epoch, f.token + 1), execution_id, 5, "stale", "{}")
+    assert await store.append_events([stale]) == {f.job_id}
+    await store.finish(W1, [finish(f, execution_id, seq=5)])
+    assert await store.append_events([NewEvent(f, execution_id, 6, "late", "{}")]) == {f.job_id}
+    events = await store.read_events(f.job_id, None, 100)
+    assert [e.type for e in events] == ["execution.started"] + ["message.delta"] * 3 + ["job.succeeded"]
+    assert [e.seq for e in events] == [1, 2, 3, 4, 5]
+    assert [e.cursor for e in await store.read_events(f.job_id, (1, 3), 100)] == ["1-4", "1-5"]
+
+
+async def test_released_claim_is_claimable_again_with_a_higher_epoch(store: Store) -> None:
+    job_id = await submit(store)
+    claim = await claim_one(store)
+    assert await store.release_claims(W2, [claim.fence]) == []  # only the owner releases
+    assert await store.release_claims(W1, [claim.fence]) == [job_id]
+    again = await claim_one(store, W2)
+    assert again.fence.job_id == job_id and again.fence.epoch == 2 and again.fence.token != claim.fence.token
+    assert await store.start(W1, [Start(claim.fence, new_id())]) == []  # the old claim is dead
+
+
+async def test_retryable_failure_goes_scheduled_then_back_to_the_queue(store: Store) -> None:
+    job_id = await submit(store)
+    claim = await claim_one(store)
+    execution_id = await start_one(store, claim)
+    retry = Finish(claim.fence, execution_id, 0.0, JobState.SCHEDULED, 2, None, "error", "boom", 0.05)
+    assert await store.finish(W1, [retry]) == [job_id]
+    job = await store.get_job(job_id)
+    assert job is not None and job.state is JobState.SCHEDULED and job.next_attempt_at is not None
+    assert job.owner is None and job.execution_id is None and job.error_message == "boom"
+    assert await store.claim(W1, ["echo"], [], 5, TTL) == []
+    await asyncio.sleep(0.1)
+    report = await store.sweep(60)
+    assert report.due == [job_id]
+    second = await claim_one(store)
+    assert second.fence.epoch == 2 and second.attempts == 1
+    execution_2 = await start_one(store, second)
+    assert await store.finish(W1, [finish(second.fence, execution_2)]) == [job_id]
+    types = [(e.epoch, e.type) for e in await store.read_events(job_id, None, 10)]
+    assert types == [(1, "execution.started"), (1, "execution.retrying"), (2, "execution.started"),
+                     (2, "job.succeeded")]
+    assert [e.outcome for e in await store.list_executions(job_id)] == ["failed", "succeeded"]
+
+
+async def test_heartbeat_renews_held_claims_and_reports_the_lost(store: Store) -> None:
+    await store.register_worker(WorkerInfo(W1, "h", 1, 2, ("echo",)))
+    a, b = await submit(store), await submit(store)
+    claims = await store.claim(W1, ["echo"], [], 2, 0.3)
+    fences = [c.fence for c in claims]
+    stale = Fence(fences[1].job_id, fences[1].epoch, fences[1].token + 1)
+    reply = await store.heartbeat(W1, WorkerState.ACTIVE, 0, [fences[0], stale], TTL)
+    assert reply.renewed == {fences[0].job_id} and reply.lost([fences[0], stale]) == [stale]
+    await asyncio.sleep(0.4)
+    report = await store.sweep(60)
+    assert report.released == [fences[1].job_id]  # expired and not renewed
+    assert {a, b} == {f.job_id for f in fences}
+
+
+async def test_sweeper_releases_expired_unstarted_claims_and_loses_expired_running_ones(store: Store) -> None:
+    waiting, running = await submit(store), await submit(store)
+    c1 = await claim_one(store, ttl=0.2)
+    c2 = await claim_one(store, ttl=0.2)
+    by_job = {c1.fence.job_id: c1, c2.fence.job_id: c2}
+    execution_id = await start_one(store, by_job[running])
+    await asyncio.sleep(0.35)
+    report = await store.sweep(60)
+    assert report.released == [waiting] and report.lost == [running]
+    lost = await store.get_job(running)
+    assert lost is not None and lost.state is JobState.LOST and lost.error_code == "owner_lost"
+    assert [e.type for e in await store.read_events(running, None, 10)] == ["execution.started", "job.lost"]
+    (record,) = await store.list_executions(running)
+    assert (record.id, record.outcome) == (execution_id, "lost")
+    # the zombie's writes all match nothing
+    f = by_job[running].fence
+    assert await store.append_events([NewEvent(f, execution_id, 2, "late", "{}")]) == {running}
+    assert await store.finish(W1, [finish(f, execution_id)]) == []
+    assert (await claim_one(store, W2)).fence.epoch == 2  # the released one, epoch + 1
+
+
+async def test_a_lost_retry_safe_job_is_queued_again_until_attempts_run_out(store: Store) -> None:
+    job_id = await submit(store, "safe")
+    for attempt in (1, 2):
+        claim = await claim_one(store, ttl=0.2)
+        assert claim.fence.epoch == attempt
+        await start_one(store, claim)
+        await asyncio.sleep(0.3)
+        report = await store.sweep(60)
+        assert (report.requeued if attempt == 1 else report.dead) == [job_id]
+    job = await store.get_job(job_id)
+    assert job is not None and job.state is JobState.DEAD and job.attempts == 2
+    assert [e.type for e in await store.read_events(job_id, None, 10)] == [
+        "execution.started", "execution.lost", "execution.started", "job.dead"]
+
+
+async def test_queued_jobs_past_their_deadline_expire(store: Store) -> None:
+    job_id = await submit(store, deadline_s=0.05)
+    await asyncio.sleep(0.15)
+    assert (await store.sweep(60)).expired == [job_id]
+    job = await store.get_job(job_id)
+    assert job is not None and job.state is JobState.EXPIRED
+    assert [e.type for e in await store.read_events(job_id, None, 10)] == ["job.expired"]
+
+
+async def test_silent_workers_are_marked_gone(store: Store) -> None:
+    await store.register_worker(WorkerInfo(W1, "h", 1, 2, ("echo",)))
+    await store.register_worker(WorkerInfo(W2, "h", 2, 2, ("echo",)))
+    await asyncio.sleep(0.3)
+    await store.heartbeat(W2, WorkerState.ACTIVE, 0, [], TTL)
+    assert (await store.sweep(0.2)).workers_gone == [W1]
+    assert [w.id for w in await store.list_workers()] == [W2]
+    assert {w.id: w.state for w in await store.list_workers(include_gone=True)} == {
+        W1: WorkerState.GONE, W2: WorkerState.ACTIVE}
+
+
+async def test_list_workers_shows_the_jobs_each_holds(store: Store) -> None:
+    await store.register_worker(WorkerInfo(W1, "host-a", 42, 3, ("echo",), ("gpu",)))
+    job_id = await submit(store)
+    await claim_one(store)
+    (w,) = await store.list_workers()
+    assert (w.id, w.host, w.pid, w.concurrency, w.capabilities, w.jobs_held) == (
+        W1, "host-a", 42, 3, ("gpu",), (job_id,))
+
+
+async def test_requeue_puts_a_dead_job_back_and_refuses_the_others(store: Store) -> None:
+    job_id = await submit(store, max_attempts=1)
+    claim = await claim_one(store)
+    execution_id = await start_one(store, claim)
+    await store.finish(W1, [Finish(claim.fence, execution_id, 0.0, JobState.DEAD, 2, None, "error", "x")])
+    job = await store.requeue(job_id)
+    assert (job.state, job.attempts, job.owner, job.error_code) == (JobState.QUEUED, 0, None, None)
+    again = await claim_one(store)
+    assert again.fence.epoch == 2
+    with pytest.raises(IllegalTransition):
+        await store.requeue(job_id)  # queued (owned), not finished
+    with pytest.raises(NotFound):
+        await store.requeue(new_id())
+
+
+async def test_leases_admit_up_to_the_limit_idempotently(store: Store) -> None:
+    from tenure.contracts.store import Leases
+
+    assert isinstance(store, Leases)
+    assert await store.acquire("k", "a", 2, TTL)
+    assert await store.acquire("k", "a", 2, TTL)  # the same holder again: still one slot
+    assert await store.acquire("k", "b", 2, TTL)
+    assert not await store.acquire("k", "c", 2, TTL)
+    assert await store.holders("k") == ["a", "b"]
+    await store.release("k", "a")
+    await store.release("k", "a")
+    assert await store.acquire("k", "c", 2, TTL)
+    assert await store.renew([LeaseRef("k", "b"), LeaseRef("k", "zz")], TTL) == [LeaseRef("k", "zz")]
+
+
+async def test_an_expired_lease_is_lost_and_its_slot_reused(store: Store) -> None:
+    assert await store.acquire("k", "a", 1, 0.2)
+    await asyncio.sleep(0.3)
+    assert await store.renew([LeaseRef("k", "a")], TTL) == [LeaseRef("k", "a")]
+    assert await store.acquire("k", "b", 1, TTL)
+    assert await store.holders("k") == ["b"]
+
+
+async def test_wait_for_jobs_wakes_on_a_new_job(store: Store) -> None:
+    await store.wait_for_jobs(0.01)  # arm the listener / poller
+    waiter = asyncio.create_task(store.wait_for_jobs(5.0))
+    await asyncio.sleep(0.1)
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    await submit(store)
+    await asyncio.wait_for(waiter, 5.0)
+    assert loop.time() - t0 < 2.0
