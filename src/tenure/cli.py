@@ -91,7 +91,8 @@ async def cmd_migrate(args: argparse.Namespace) -> int:
 
 async def cmd_worker(args: argparse.Namespace) -> int:
     from tenure.worker import Worker, WorkerConfig
-    from tenure.worker.faults import Faults
+    from tenure.backends.sqlite import SqliteStore
+    from tenure.worker.faults import Faults, stop_self
 
     settings = _settings(
         args, concurrency=args.concurrency, heartbeat_s=args.heartbeat_s, claim_ttl_s=args.claim_ttl_s,
@@ -105,6 +106,13 @@ async def cmd_worker(args: argparse.Namespace) -> int:
         poll_s=settings.poll_s, capabilities=settings.capabilities,
     )
     store = await open_store(settings)
+    if isinstance(store, SqliteStore):
+        sqlite_store = store
+
+        async def freeze() -> None:
+            await sqlite_store.run_between_transactions(stop_self)
+
+        faults.freeze = freeze
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     main = asyncio.current_task()
@@ -298,11 +306,36 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("id")
     sp.set_defaults(fn=cmd_requeue)
 
+    sp = sub.add_parser("demo", help="run the demo on a temporary SQLite file (what `make demo` runs)")
+    sp.add_argument("--keep", action="store_true", help="keep the temporary directory afterwards")
+    sp.set_defaults(fn=None, sync=lambda a: _demo(a))
+
+    sp = sub.add_parser("mock-model", help="serve the bundled OpenAI-compatible mock model (for tests and demos)")
+    sp.add_argument("--host", default="127.0.0.1")
+    sp.add_argument("--port", type=int, default=8001)
+    sp.add_argument("--max-concurrency", type=int, default=8, help="more requests in flight than this get 429")
+    sp.add_argument("--latency-ms", type=float, default=50.0, help="time to the first token")
+    sp.add_argument("--tokens", type=int, default=16, help="tokens per reply")
+    sp.set_defaults(fn=None, sync=lambda a: _mock_model(a))
+
     sp = sub.add_parser("workers", help="list registered workers")
     common(sp)
     sp.add_argument("--all", action="store_true", help="include workers that are gone")
     sp.set_defaults(fn=cmd_workers)
     return p
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from tenure.demo import main as demo_main
+
+    return demo_main(["--keep"] if args.keep else [])
+
+
+def _mock_model(args: argparse.Namespace) -> int:
+    from tenure.mock_model import serve
+
+    serve(args.host, args.port, args.max_concurrency, args.latency_ms, args.tokens)
+    return 0
 
 
 def _explain(exc: BaseException) -> str:
@@ -325,6 +358,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings_level = args.log_level or Settings.from_env().log_level
         _setup_logging(settings_level)
+        if args.fn is None:
+            return int(args.sync(args))
         return asyncio.run(args.fn(args))
     except ConfigError as exc:
         print(f"tenure: configuration error: {_explain(exc)}", file=sys.stderr)
@@ -337,6 +372,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `tenure jobs --json | head`
+        return 0
     except asyncio.CancelledError:
         return 130
 

@@ -348,3 +348,14 @@ async def test_wait_for_jobs_wakes_on_a_new_job(store: Store) -> None:
     await submit(store)
     await asyncio.wait_for(waiter, 5.0)
     assert loop.time() - t0 < 2.0
+
+
+async def test_heartbeat_reports_a_cancel_request_only_when_there_is_one(store: Store) -> None:
+    await store.register_worker(WorkerInfo(W1, "h", 1, 1, ("echo",)))
+    await submit(store)
+    claim = await claim_one(store)
+    reply = await store.heartbeat(W1, WorkerState.ACTIVE, 0, [claim.fence], TTL)
+    assert reply.renewed == {claim.fence.job_id} and reply.cancel_requested == frozenset()
+    await start_one(store, claim)
+    reply = await store.heartbeat(W1, WorkerState.ACTIVE, 1, [claim.fence], TTL)
+    assert reply.renewed == {claim.fence.job_id} and reply.cancel_requested == frozenset()

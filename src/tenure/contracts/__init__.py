@@ -1,6 +1,14 @@
 """Pure types and protocols shared by every layer. Imports nothing else from tenure."""
 
 from tenure.contracts.errors import (
+    AdapterClosed,
+    AdapterError,
+    AdapterOverloaded,
+    AdapterSlotLost,
+    LeaseLost,
+    LeasesUnavailable,
+    QuotaExhausted,
+    QuotaUnavailable,
     ConfigError,
     ExecutionError,
     IdempotencyConflict,
@@ -39,6 +47,14 @@ from tenure.contracts.types import (
 )
 
 __all__ = [
+    "AdapterClosed",
+    "AdapterError",
+    "AdapterOverloaded",
+    "AdapterSlotLost",
+    "LeaseLost",
+    "LeasesUnavailable",
+    "QuotaExhausted",
+    "QuotaUnavailable",
     "TERMINAL",
     "AgentSpec",
     "Claim",

@@ -409,33 +409,47 @@ class ProcessAdapter(_BoundedOffload):
         on_background_error: Callable[[BaseException], None] | None = None,
         mp_context: multiprocessing.context.BaseContext | None = None,
     ) -> None:
-        """Create the adapter and its own `ProcessPoolExecutor` of at most `max_in_flight` processes.
+        """Create the adapter; its own `ProcessPoolExecutor` of at most `max_in_flight` processes comes later.
 
         `mp_context` defaults to `forkserver` (or `spawn` where that is missing), see
         `_default_process_context`. `on_background_error` is as for `BlockingAdapter`.
         """
+        # Everything a process pool does outside the worker processes blocks: creating it (semaphores, the
+        # resource tracker), submitting (it may start a process, and the first time the fork server) and
+        # shutting it down (a pipe write). None of it may run on the loop, so all of it runs on one small
+        # "submitter" thread, which alone touches the pool: the base class's executor is that thread.
         super().__init__(
             name,
             max_in_flight,
             max_queued,
             queue_timeout_s,
             on_background_error,
-            lambda: concurrent.futures.ProcessPoolExecutor(
-                max_workers=max_in_flight, mp_context=mp_context or _default_process_context()
+            lambda: concurrent.futures.ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix=f"tenure-{name}-submit"
             ),
         )
-        # ProcessPoolExecutor.submit may start a worker process (and, the first time, the fork server):
-        # blocking work that must not run on the loop, so submissions go through one small thread.
-        self._submitter = concurrent.futures.ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix=f"tenure-{name}-submit"
-        )
+        self._mp_context = mp_context
+        self._pool: concurrent.futures.ProcessPoolExecutor | None = None  # created on first use
+
+    def _submit(self, call: Callable[[], T]) -> concurrent.futures.Future[T]:
+        """On the submitter thread: create the pool if needed and hand it the call."""
+        if self._pool is None:
+            self._pool = concurrent.futures.ProcessPoolExecutor(
+                max_workers=self._max_in_flight, mp_context=self._mp_context or _default_process_context()
+            )
+        return self._pool.submit(call)
+
+    def _shutdown_pool(self) -> None:
+        """On the submitter thread: let the pool wind down; running calls finish on their own."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
 
     async def _operate(self, loop: asyncio.AbstractEventLoop, call: Callable[[], T]) -> T:
         """Submit from the submitter thread, then wait for the worker process's result on the loop."""
-        future = await loop.run_in_executor(self._submitter, self._executor.submit, call)
+        future = await loop.run_in_executor(self._executor, self._submit, call)
         return await asyncio.wrap_future(future)
 
     def _shutdown_executor(self) -> None:
-        """Shut down the process pool and the submitter thread without blocking the loop."""
-        super()._shutdown_executor()
-        self._submitter.shutdown(wait=False, cancel_futures=True)
+        """Queue the pool's shutdown behind any submission in progress, then release the submitter thread."""
+        self._executor.submit(self._shutdown_pool)
+        self._executor.shutdown(wait=False)

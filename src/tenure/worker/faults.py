@@ -11,9 +11,12 @@ Each rule fires once per process. Points: after_claim, after_start, before_finis
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
+import threading
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from tenure.contracts.errors import ConfigError
@@ -33,9 +36,14 @@ class _Rule:
 
 @dataclass(slots=True)
 class Faults:
-    """Parsed fault rules; `await faults.hit(point, agents)` runs a matching rule once."""
+    """Parsed fault rules; `await faults.hit(point, agents)` runs a matching rule once.
+
+    `freeze` performs the `stop` action; the composition root may route it through the store so that the
+    process never freezes holding a database lock (see SqliteStore.run_between_transactions).
+    """
 
     rules: list[_Rule] = field(default_factory=list)
+    freeze: Callable[[], Awaitable[None]] | None = None
 
     @classmethod
     def parse(cls, text: str | None) -> Faults:
@@ -60,15 +68,32 @@ class Faults:
             rules.append(_Rule(point, agent or None, action, seconds))
         return cls(rules)
 
-    async def hit(self, point: str, agents: set[str]) -> None:
+    async def hit(self, point: str, agents: set[str], interrupt: asyncio.Event | None = None) -> None:
+        """Run the first unfired rule for `point` (and one of `agents`). A sleep ends early on `interrupt`."""
         for rule in self.rules:
             if rule.fired or rule.point != point or (rule.agent is not None and rule.agent not in agents):
                 continue
             rule.fired = True
             log.warning("fault injected at %s: %s", point, rule.action)
             if rule.action == "stop":
-                os.kill(os.getpid(), signal.SIGSTOP)
+                if self.freeze is not None:
+                    await self.freeze()
+                else:
+                    stop_self()
             elif rule.action == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
-            else:
+            elif interrupt is None:
                 await asyncio.sleep(rule.seconds)
+            else:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(interrupt.wait(), rule.seconds)
+
+
+def stop_self() -> None:
+    """SIGSTOP this process (it resumes on SIGCONT), stopping the calling thread before it runs another line.
+
+    `kill(getpid(), SIGSTOP)` may be delivered through another thread, and the caller can run on for a
+    moment (long enough to open the next database transaction and freeze holding its lock). Sent to the
+    calling thread itself, the stop takes effect as the system call returns.
+    """
+    signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)

@@ -21,7 +21,6 @@ import os
 import socket
 import time
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -46,7 +45,7 @@ from tenure.contracts.types import (
     new_id,
 )
 from tenure.control.retry import backoff_s
-from tenure.kernel.blocking import BlockingAdapter
+from tenure.kernel.blocking import BlockingAdapter, ProcessAdapter
 from tenure.kernel.context import Context
 from tenure.kernel.registry import Agent, Tenure
 from tenure.worker.faults import Faults
@@ -241,7 +240,7 @@ class Worker:
             "worker", self.config.blocking_max_in_flight, self.config.blocking_max_queued,
             self.config.blocking_queue_timeout_s,
         )
-        self._process_pool: ProcessPoolExecutor | None = None
+        self._process_adapter: ProcessAdapter | None = None
         self._last_renewed = time.monotonic()
         self._executions: asyncio.TaskGroup | None = None
         self.finished = 0
@@ -295,7 +294,9 @@ class Worker:
             self._busy += len(claims)
             for c in claims:
                 self._claimed[c.fence.job_id] = c
-            await self.faults.hit("after_claim", {c.agent for c in claims})
+            await self.faults.hit("after_claim", {c.agent for c in claims}, self._stopping)
+            if self._stopping.is_set():
+                return  # draining: these claims stay unstarted and are released by _drain
             await self._start(claims)
 
     async def _wait_any(self, aw: Any, timeout: float) -> None:
@@ -324,6 +325,11 @@ class Worker:
             s = by_job.get(c.fence.job_id)
             agent = self.app.get(c.agent)
             if s is None or agent is None:
+                if s is None:
+                    log.warning(
+                        "start CAS for job %s (epoch %d) matched no row: the claim was lost before it started",
+                        c.fence.job_id, c.fence.epoch,
+                    )
                 self._free_slot()
                 continue
             ex = _Execution(self, c, s, agent)
@@ -443,14 +449,12 @@ class Worker:
             ex.task.cancel(f"JobCancelled: job {job_id}")
 
     async def _run_in_process(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
-        if self._process_pool is None:
-            self._process_pool = ProcessPoolExecutor(max_workers=max(1, (os.cpu_count() or 2) - 1))
-        loop = asyncio.get_running_loop()
-        if kwargs:
-            import functools
-
-            return await loop.run_in_executor(self._process_pool, functools.partial(fn, *args, **kwargs))
-        return await loop.run_in_executor(self._process_pool, fn, *args)
+        if self._process_adapter is None:
+            self._process_adapter = ProcessAdapter(
+                "worker-process", max(1, (os.cpu_count() or 2) - 1), self.config.blocking_max_queued,
+                self.config.blocking_queue_timeout_s,
+            )
+        return await self._process_adapter.run(fn, *args, **kwargs)
 
     # -- heartbeat -----------------------------------------------------------------------------------------------------
     def _held_fences(self) -> list[Fence]:
@@ -531,8 +535,8 @@ class Worker:
                 await duty.release(SWEEPER_DUTY, self.id)
             await self.store.set_worker_state(self.id, WorkerState.GONE)
         await self._adapter.close(5.0)
-        if self._process_pool is not None:
-            self._process_pool.shutdown(wait=False, cancel_futures=True)
+        if self._process_adapter is not None:
+            await self._process_adapter.close(5.0)
         log.info("worker %s gone after %d jobs", self.id, self.finished)
 
 

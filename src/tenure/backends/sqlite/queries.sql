@@ -107,10 +107,11 @@ UPDATE jobs SET owner = NULL, claimed_at = NULL, claim_expires_at = NULL, token 
 UPDATE workers SET last_heartbeat = {now}, state = ?, in_flight = ? WHERE id = ?
 
 -- name: heartbeat_claim --
--- Extend one held claim if this fence still owns it; tells whether a cancel was requested.
+-- Extend one held claim if this fence still owns it; returns its cancel request time (NULL if none).
+-- (Not `RETURNING x IS NOT NULL`: SQLite 3.40 evaluates that to 1 for a NULL here.)
 UPDATE jobs SET claim_expires_at = {now} + ?5
  WHERE id = ?1 AND owner = ?2 AND epoch = ?3 AND token = ?4 AND state IN ('queued', 'running', 'waiting')
-RETURNING cancel_requested_at IS NOT NULL
+RETURNING cancel_requested_at
 
 -- name: register_worker --
 -- Insert (or refresh) one worker incarnation in the registry.

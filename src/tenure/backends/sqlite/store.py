@@ -125,6 +125,12 @@ class SqliteStore:
         except sqlite3.Error as exc:
             raise StoreUnavailable(f"SQLite failed during {what}: {exc}") from exc
 
+    async def run_between_transactions(self, fn: Callable[[], T]) -> T:
+        """Run `fn` on the connection thread, where no transaction of this store can be open. Fault
+        injection uses it to freeze the process without holding SQLite's write lock (a process frozen
+        mid-transaction would stall every writer on the machine until it resumes)."""
+        return await self._run(fn, "run_between_transactions")
+
     def _tx(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run `fn` in one write transaction on the connection thread."""
         db = self._db
@@ -374,7 +380,7 @@ class SqliteStore:
                 row = db.execute(Q["heartbeat_claim"], (f.job_id, worker_id, f.epoch, f.token, ttl_s)).fetchone()
                 if row is not None:
                     renewed.add(f.job_id)
-                    if row[0]:
+                    if row[0] is not None:
                         cancel.add(f.job_id)
             return HeartbeatReply(frozenset(renewed), frozenset(cancel))
 

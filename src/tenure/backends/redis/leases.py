@@ -1,0 +1,167 @@
+"""Named, heartbeated lease slots on one Redis server: a sorted set per key, one Lua script per operation.
+
+See `tenure.backends.redis._scripts` for the key layout and the scripts, and docs/quotas.md for the contract.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Awaitable, Sequence
+from typing import TYPE_CHECKING, TypeVar
+
+import redis
+from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialWithJitterBackoff
+from redis.driver_info import DriverInfo
+from redis.exceptions import RedisError
+
+from tenure.backends.redis import _scripts
+from tenure.contracts.errors import LeasesUnavailable
+from tenure.contracts.store import LeaseRef, Leases
+
+_T = TypeVar("_T")
+
+
+def _ms(seconds: float) -> int:
+    """A duration in whole milliseconds, rounded up so a tiny positive TTL never becomes zero."""
+    return max(1, math.ceil(seconds * 1000))
+
+
+class RedisLeases:
+    """The `Leases` protocol on a single Redis server (no Redis Cluster: `renew` touches many keys in one
+    script, which Cluster would refuse across hash slots; Sentinel fail-over may lose the newest leases,
+    because replication is asynchronous).
+
+    Every expiry is computed inside Lua from Redis's `TIME`, never from this process's clock. Each operation
+    is one round trip. Driver failures surface as `LeasesUnavailable`, with the redis-py error as the cause.
+
+    Build it from a URL (it then owns a bounded connection pool and `close()` closes it) or wrap a client you
+    own with `RedisLeases.from_client`.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        prefix: str = _scripts.DEFAULT_PREFIX,
+        *,
+        max_connections: int = 16,
+        timeout_s: float = 5.0,
+    ) -> None:
+        """Connect lazily to the Redis at `url` (`redis://host:port/db`).
+
+        `max_connections` bounds the pool: callers beyond it wait up to `timeout_s` for a connection rather
+        than opening one socket each. `timeout_s` also bounds connecting and every reply, so a dead Redis
+        turns into `LeasesUnavailable` within seconds instead of a hang (the quota layer's fail-closed /
+        fail-open decision needs an answer).
+        """
+        pool = BlockingConnectionPool.from_url(
+            url,
+            max_connections=max_connections,
+            timeout=timeout_s,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
+            # Retrying is safe because every operation is idempotent for its holder (acquire refreshes,
+            # renew re-extends, release removes nothing twice); keep it short so failure is reported fast.
+            retry=Retry(ExponentialWithJitterBackoff(base=0.01, cap=0.2), retries=2),
+            # Left to itself, redis-py reads its version from the package metadata (file I/O) for every new
+            # connection, on the event loop; naming it once here keeps connecting non-blocking.
+            driver_info=DriverInfo(lib_version=redis.__version__),
+        )
+        self._setup(Redis.from_pool(pool), prefix, owns_client=True)
+
+    @classmethod
+    def from_client(cls, client: Redis, prefix: str = _scripts.DEFAULT_PREFIX) -> RedisLeases:
+        """Use an existing redis.asyncio client. The caller keeps owning it: `close()` leaves it open."""
+        leases = cls.__new__(cls)
+        leases._setup(client, prefix, owns_client=False)
+        return leases
+
+    def _setup(self, client: Redis, prefix: str, *, owns_client: bool) -> None:
+        self._client = client
+        self._prefix = prefix
+        self._owns_client = owns_client
+        self._closed = False
+        self._acquire = client.register_script(_scripts.ACQUIRE)
+        self._renew = client.register_script(_scripts.RENEW)
+        self._holders = client.register_script(_scripts.HOLDERS)
+
+    @property
+    def prefix(self) -> str:
+        """The key prefix of this instance's sorted sets."""
+        return self._prefix
+
+    async def acquire(self, key: str, holder: str, limit: int, ttl_s: float) -> bool:
+        """Take one of `limit` slots of `key` for `holder` until server now + `ttl_s`. False if all are held.
+
+        Acquiring again as a current holder refreshes the expiry and never takes a second slot.
+        """
+        if limit < 0:
+            raise ValueError(f"limit must be >= 0, got {limit}")
+        ttl_ms = self._ttl_ms(ttl_s)
+        keys = [_scripts.lease_key(self._prefix, key)]
+        args: list[str | int] = [holder, limit, ttl_ms, ttl_ms * _scripts.KEY_TTL_FACTOR]
+        answer = await self._call(self._acquire(keys=keys, args=args), "acquire", key)
+        return int(answer) == 1
+
+    async def renew(self, held: Sequence[LeaseRef], ttl_s: float) -> list[LeaseRef]:
+        """Extend every lease in `held` to server now + `ttl_s`, all keys in one script call.
+
+        Returns the leases that were lost: released from outside, or already expired (an expired lease is
+        never brought back, even when nobody has taken its slot yet).
+        """
+        ttl_ms = self._ttl_ms(ttl_s)
+        if not held:
+            return []
+        keys = [_scripts.lease_key(self._prefix, ref.key) for ref in held]
+        args: list[str | int] = [ttl_ms, ttl_ms * _scripts.KEY_TTL_FACTOR]
+        args.extend(ref.holder for ref in held)
+        lost = await self._call(self._renew(keys=keys, args=args), "renew", f"{len(held)} leases")
+        return [held[int(index) - 1] for index in lost]
+
+    async def release(self, key: str, holder: str) -> None:
+        """Give the slot back. Releasing a slot that is not held (twice, or after expiry) does nothing."""
+        # A single ZREM is atomic and needs no clock, so it needs no script.
+        await self._call(self._client.zrem(_scripts.lease_key(self._prefix, key), holder), "release", key)
+
+    async def holders(self, key: str) -> list[str]:
+        """The unexpired holders of `key`, soonest expiry first (expired ones are purged on the way)."""
+        keys = [_scripts.lease_key(self._prefix, key)]
+        members = await self._call(self._holders(keys=keys), "holders", key)
+        return [m.decode() if isinstance(m, bytes) else str(m) for m in members]
+
+    async def ping(self) -> None:
+        """Check that Redis answers; raise `LeasesUnavailable` if it does not."""
+        await self._call(self._client.ping(), "ping", "server")
+
+    async def close(self) -> None:
+        """Close the connection pool if this instance created it. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._owns_client:
+            try:
+                await self._client.aclose()
+            except RedisError as exc:
+                raise LeasesUnavailable(f"closing the Redis lease client failed: {exc}") from exc
+
+    @staticmethod
+    def _ttl_ms(ttl_s: float) -> int:
+        if not ttl_s > 0:
+            raise ValueError(f"ttl_s must be > 0, got {ttl_s}")
+        return _ms(ttl_s)
+
+    async def _call(self, call: Awaitable[_T], operation: str, subject: str) -> _T:
+        """Await one Redis call, translating driver errors at this edge."""
+        try:
+            return await call
+        except RedisError as exc:
+            raise LeasesUnavailable(f"Redis lease {operation} failed for {subject}: {exc}") from exc
+
+    def __repr__(self) -> str:
+        return f"RedisLeases(prefix={self._prefix!r})"
+
+
+if TYPE_CHECKING:
+    # mypy proves here that RedisLeases satisfies the protocol, method by method.
+    _PROTOCOL_CHECK: type[Leases] = RedisLeases

@@ -1,0 +1,657 @@
+"""`make demo` / `tenure demo`: the connection, the job and the execution owner are three identities.
+
+Seed 000, second layer: a long job keeps worker 1 busy; short jobs that arrive meanwhile must not queue
+behind it. An idle worker takes each at once, because a job is a durable row that any worker may claim with a
+conditional UPDATE, not an object pinned to the process that received it. Then the two sides of the recovery
+boundary, `execution.started`:
+
+* a worker that **claimed but never started** a job is killed: the claim expires unrenewed, the sweeper
+  releases it and another worker claims it again with a higher epoch (nothing had run, so running it is safe);
+* a worker that **started** a job (and already made its side effect) is killed: the job becomes `lost`, and is
+  never silently run a second time (the side-effect counter stays at 1).
+
+Everything runs on one temporary SQLite file and three real `tenure worker` processes; no other service.
+Worker 3 runs with the fault-injection hook `TENURE_FAULTS=after_claim=sleep:60` so that the window between
+claim and start, normally a few milliseconds, lasts long enough to be seen (and killed in).
+
+    python -m tenure.demo [--keep]
+
+Exit status 0 when every step behaved as described. Otherwise it prints what it saw and exits 1 (130 on
+Ctrl-C, 143 on SIGTERM). Worker processes run in their own process groups, and every group is killed before
+the demo returns, whatever happened.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import tenure
+from tenure.app import LocalClient, connect
+from tenure.contracts.states import JobState
+from tenure.contracts.types import Event, Execution, Job, WorkerInfo
+from tenure.control.admission import JobRequest
+from tenure.settings import Settings
+
+T = TypeVar("T")
+
+APP = "tenure.examples:app"
+HEARTBEAT_S = 0.5
+CLAIM_TTL_S = 1.5
+SWEEP_INTERVAL_S = 0.5
+LONG_S = 4.0
+SHORT_JOBS = 5
+EXTRA_ROUNDS = 5  # if W3 happens to win no claim of the batch (see step_short_jobs)
+BUSY_S = 0.3  # the short `sleep` of an extra round: it keeps whichever worker takes it busy
+PARK_S = 60
+FAULTS_W3 = f"after_claim=sleep:{PARK_S}"
+CRASH_SLEEP_S = 30.0
+PARKED_AFTER_S = 0.4  # unstarted this long: parked, not merely between its claim and its start CAS
+REGISTER_TIMEOUT_S = 30.0
+STEP_TIMEOUT_S = 15.0
+DRAIN_TIMEOUT_S = 15.0
+POLL_S = 0.02
+
+
+class DemoFailure(Exception):
+    """Something the demo relies on did not happen."""
+
+
+@dataclass
+class WorkerProc:
+    """One `tenure worker` child process, leader of its own process group."""
+
+    n: int
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+    faults: str | None
+    worker_id: str | None = None
+    killed: bool = False
+
+    @property
+    def label(self) -> str:
+        return f"W{self.n}"
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def signal_group(self, sig: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, sig)  # start_new_session=True: the group id is the child's pid
+
+
+@dataclass
+class Tracked:
+    """A job the demo submitted, under a short label."""
+
+    label: str
+    job_id: str
+    note: str = ""
+
+
+@dataclass
+class Demo:
+    workdir: Path
+    t0: float = field(default_factory=time.time)
+    workers: list[WorkerProc] = field(default_factory=list)
+    jobs: list[Tracked] = field(default_factory=list)
+    client: LocalClient | None = None
+
+    # -- output ------------------------------------------------------------------------------------------
+    @property
+    def database_url(self) -> str:
+        return f"sqlite:///{self.workdir / 'tenure.db'}"  # an absolute path: sqlite:////tmp/...
+
+    def rel(self, t: float | None) -> str:
+        # Database times come from SQLite's clock, which is this machine's wall clock, like t0.
+        return "-" if t is None else f"{t - self.t0:+.2f}s"
+
+    def log(self, msg: str) -> None:
+        print(f"[{time.time() - self.t0:6.2f}s] {msg}", flush=True)
+
+    @staticmethod
+    def say(msg: str) -> None:
+        print(f"{'':10}{msg}", flush=True)
+
+    @staticmethod
+    def section(title: str) -> None:
+        print(f"\n── {title} " + "─" * max(3, 100 - len(title)), flush=True)
+
+    def name(self, worker_id: str | None) -> str:
+        if worker_id is None:
+            return "-"
+        return next((w.label for w in self.workers if w.worker_id == worker_id), worker_id)
+
+    def label_of(self, job_id: str) -> str:
+        return next((t.label for t in self.jobs if t.job_id == job_id), job_id[:8])
+
+    @property
+    def c(self) -> LocalClient:
+        assert self.client is not None
+        return self.client
+
+    # -- processes ---------------------------------------------------------------------------------------
+    def spawn_worker(self, n: int, faults: str | None = None) -> WorkerProc:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TENURE_")}
+        src = str(Path(tenure.__file__).resolve().parent.parent)  # the workers run this same tenure
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
+        env.update(
+            TENURE_APP=APP,
+            TENURE_HEARTBEAT_S=str(HEARTBEAT_S),
+            TENURE_CLAIM_TTL_S=str(CLAIM_TTL_S),
+            TENURE_SWEEP_INTERVAL_S=str(SWEEP_INTERVAL_S),
+            TENURE_LOG_LEVEL="info",
+        )
+        if faults:
+            env["TENURE_FAULTS"] = faults
+        cmd = [
+            sys.executable, "-m", "tenure.cli", "worker", "--concurrency", "1",
+            "--database-url", self.database_url,
+        ]
+        log_path = self.workdir / f"worker{n}.log"
+        with open(log_path, "wb") as log_file:
+            proc = subprocess.Popen(
+                cmd, env=env, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
+                start_new_session=True, cwd=self.workdir,
+            )
+        w = WorkerProc(n, proc, log_path, faults)
+        self.workers.append(w)
+        extra = f" with TENURE_FAULTS={faults}" if faults else ""
+        self.log(f"started worker {w.label}: pid {w.pid}{extra}")
+        return w
+
+    def check_workers(self) -> None:
+        for w in self.workers:
+            if not w.killed and not w.alive():
+                raise DemoFailure(
+                    f"worker {w.label} (pid {w.pid}) exited on its own with status {w.proc.returncode}"
+                )
+
+    async def kill(self, w: WorkerProc) -> float:
+        """SIGKILL a worker's process group; return the database clock just before the kill."""
+        at = await self.c.store.server_time()
+        w.killed = True
+        w.signal_group(signal.SIGKILL)
+        await asyncio.to_thread(w.proc.wait, 10)
+        return at
+
+    async def wait_registered(self, ws: Sequence[WorkerProc]) -> None:
+        async def probe() -> bool | None:
+            by_pid = {info.pid: info for info in await self.c.workers()}
+            for w in ws:
+                info = by_pid.get(w.pid)
+                if info is not None:
+                    w.worker_id = info.id
+            return all(w.worker_id for w in ws) or None
+
+        await self.until(f"{', '.join(w.label for w in ws)} to register", probe, REGISTER_TIMEOUT_S)
+        for w in ws:
+            self.say(f"{w.label} registered as {w.worker_id}")
+
+    async def shutdown(self) -> None:
+        """SIGTERM the surviving workers (they drain and leave the registry) and wait for them."""
+        alive = [w for w in self.workers if not w.killed and w.alive()]
+        for w in alive:
+            w.signal_group(signal.SIGTERM)
+        self.log(f"SIGTERM to {', '.join(w.label for w in alive) or 'nobody'}: drain and leave")
+        deadline = time.monotonic() + DRAIN_TIMEOUT_S
+        for w in alive:
+            try:
+                code = await asyncio.to_thread(w.proc.wait, max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                raise DemoFailure(f"{w.label} did not exit within {DRAIN_TIMEOUT_S:g}s of SIGTERM") from None
+            if code != 0:
+                raise DemoFailure(f"{w.label} exited with status {code} after SIGTERM")
+        registry = {i.id: i.state.value for i in await self.c.workers(include_gone=True)}
+        states = ", ".join(f"{w.label} {registry.get(w.worker_id or '', '?')}" for w in self.workers)
+        self.log(f"every worker process has exited; registry: {states}")
+        if any(w.killed and registry.get(w.worker_id or "") != "gone" for w in self.workers):
+            self.say("(a SIGKILLed worker cannot say goodbye: a sweeper marks it gone after 2 claim TTLs)")
+
+    def kill_all(self) -> None:
+        """The last resort, from `finally`: no worker outlives the demo, whatever happened."""
+        for w in self.workers:
+            if w.alive():
+                w.signal_group(signal.SIGKILL)
+        for w in self.workers:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                w.proc.wait(5)
+            w.signal_group(signal.SIGKILL)  # anything the worker left behind in its group
+
+    # -- waiting -----------------------------------------------------------------------------------------
+    async def until(self, what: str, probe: Callable[[], Awaitable[T | None]], limit_s: float) -> T:
+        """Poll `probe` until it returns something; raise DemoFailure after `limit_s`."""
+        deadline = time.monotonic() + limit_s
+        while True:
+            value = await probe()
+            if value is not None:
+                return value
+            self.check_workers()
+            if time.monotonic() > deadline:
+                raise DemoFailure(f"timed out after {limit_s:g}s waiting for {what}")
+            await asyncio.sleep(POLL_S)
+
+    async def job(self, t: Tracked) -> Job:
+        return await self.c.job(t.job_id)
+
+    async def terminal(self, t: Tracked) -> Job | None:
+        job = await self.job(t)
+        return job if job.state.terminal else None
+
+    async def executions(self, t: Tracked) -> list[Execution]:
+        return await self.c.store.list_executions(t.job_id)
+
+    async def events(self, t: Tracked) -> list[Event]:
+        return await self.c.events(t.job_id)
+
+    async def runner(self, job: Job) -> str | None:
+        """The worker that runs (or ran) the job's current execution."""
+        if job.owner is not None:
+            return job.owner
+        for e in await self.c.store.list_executions(job.id):
+            if e.id == job.execution_id:
+                return e.worker_id
+        return None
+
+    async def submit(self, label: str, agent: str, input: Any) -> Tracked:
+        t = Tracked(label, await self.c.submit(agent, input))
+        self.jobs.append(t)
+        return t
+
+    async def submit_batch(self, labels: Sequence[str], requests: Sequence[JobRequest]) -> list[Tracked]:
+        ids = await self.c.submit_many(requests)
+        out = [Tracked(label, job_id) for label, job_id in zip(labels, ids, strict=True)]
+        self.jobs.extend(out)
+        return out
+
+    # -- the story ---------------------------------------------------------------------------------------
+    async def run(self) -> None:
+        print("Tenure demo: the connection, the job and the execution owner are three identities")
+        print(f"  store     {self.database_url}  (one SQLite file; no other service)")
+        print(f"  timings   heartbeat {HEARTBEAT_S:g} s · claim TTL {CLAIM_TTL_S:g} s · sweep every "
+              f"{SWEEP_INTERVAL_S:g} s · every worker runs with --concurrency 1")
+        print("  clock     [s.ss] = seconds since the demo started")
+        settings = Settings(
+            database_url=self.database_url, app=APP, heartbeat_s=HEARTBEAT_S, claim_ttl_s=CLAIM_TTL_S,
+            sweep_interval_s=SWEEP_INTERVAL_S,
+        )
+        async with connect(APP, settings=settings) as client:
+            self.client = client
+            try:
+                long = await self.step_busy_worker()
+                parked = await self.step_short_jobs(long)
+                await self.step_reclaim(parked)
+                await self.step_lost()
+                await self.until(f"{long.label} to finish", lambda: self.terminal(long), STEP_TIMEOUT_S)
+                await self.final_table()
+                await self.check_final()
+                self.section("5. shutdown")
+                await self.shutdown()
+            except DemoFailure as exc:
+                print(f"\nUNEXPECTED: {exc}", flush=True)
+                with contextlib.suppress(Exception):
+                    await self.show_seen()
+                raise
+            finally:
+                self.client = None
+
+    async def step_busy_worker(self) -> Tracked:
+        self.section("1. worker W1 gets busy with a long job")
+        w1 = self.spawn_worker(1)
+        await self.wait_registered([w1])
+        long = await self.submit("long", "sleep", {"seconds": LONG_S, "every": 0.5})
+        self.log(f"submitted {long.label}: sleep {LONG_S:g} s")
+
+        async def claimed() -> Job | None:
+            job = await self.job(long)
+            return job if job.owner is not None else None
+
+        job = await self.until(f"{long.label} to be claimed", claimed, STEP_TIMEOUT_S)
+        if job.owner != w1.worker_id:
+            raise DemoFailure(f"{long.label} was claimed by {job.owner}, not by W1")
+        self.log(f"{long.label} claimed by W1 (epoch {job.epoch}) and started: W1's only slot is taken")
+        self.say("(W1 starts alone so that the busy worker is W1, as in the seed's scenario)")
+
+        w2 = self.spawn_worker(2)
+        w3 = self.spawn_worker(3, FAULTS_W3)
+        self.say(f"W3 runs with a FAULT-INJECTION hook: its first claim sleeps {PARK_S} s between the claim")
+        self.say("and the start CAS. The hook only stretches a window that normally lasts milliseconds (a GC")
+        self.say("pause, a network stall or a SIGSTOP can land there too) so that the demo can show it.")
+        await self.wait_registered([w2, w3])
+        return long
+
+    async def step_short_jobs(self, long: Tracked) -> Tracked:
+        self.section("2. short jobs arrive while W1 is busy; W2 and W3 are idle")
+        job = await self.job(long)
+        if job.state is not JobState.RUNNING:
+            raise DemoFailure(f"{long.label} is already {job.state.value}: the machine is too slow for this")
+        labels = [f"short-{i}" for i in range(1, SHORT_JOBS + 1)]
+        batch = [JobRequest("echo", {"n": i}) for i in range(1, SHORT_JOBS + 1)]
+        shorts = await self.submit_batch(labels, batch)
+        self.log(f"submitted {SHORT_JOBS} short echo jobs in one batch")
+        await self.settle(shorts)
+        parked = await self.find_parked(shorts)
+        rounds = 0
+        while parked is None and rounds < EXTRA_ROUNDS:
+            # W2, awake from its last job, polls faster than the long-idle W3 and can take a whole batch of
+            # echo jobs before W3 looks. Two more jobs settle it: whichever worker takes the first, a
+            # BUSY_S-second sleep, is busy (or parked) while the other must take the echo.
+            rounds += 1
+            n = len(shorts)
+            self.log(f"W3 won no claim of the batch (W2, already awake, was quicker each time); offering "
+                     f"short-{n + 1} (sleep {BUSY_S:g} s) and short-{n + 2} (echo)")
+            more = await self.submit_batch(
+                [f"short-{n + 1}", f"short-{n + 2}"],
+                [JobRequest("sleep", {"seconds": BUSY_S, "every": BUSY_S}), JobRequest("echo", {"n": n + 2})],
+            )
+            shorts.extend(more)
+            await self.settle(more)
+            parked = await self.find_parked(shorts)
+        if parked is None:
+            raise DemoFailure("no worker ever held an unstarted claim: W3's fault hook never fired")
+
+        waits: list[float] = []
+        for t in shorts:
+            job = await self.job(t)
+            if t is parked:
+                self.say(f"{t.label:9} {job.agent:5} -> {self.name(job.owner)}  claimed after "
+                         f"{_ms(job.claimed_at, job.created_at)} ms, NOT started (parked in the fault hook)")
+                continue
+            waits.append((job.execution_started_at or 0) - job.created_at)
+            wait_ms = _ms(job.execution_started_at, job.created_at)
+            self.say(f"{t.label:9} {job.agent:5} -> {self.name(await self.runner(job))}  queue wait "
+                     f"(start - submit) {wait_ms:>4} ms, {job.state.value}")
+        long_job = await self.job(long)
+        if long_job.state is not JobState.RUNNING:
+            raise DemoFailure(
+                f"{long.label} should still be running on W1, but it is {long_job.state.value} "
+                f"({long_job.error_code}: {long_job.error_message}); its events: "
+                + _events_line(self, await self.events(long))
+            )
+        left = max(0.0, (long_job.execution_started_at or 0) + LONG_S - time.time())
+        self.log(f"{len(waits)} of {len(shorts)} short jobs started on an idle worker, the slowest "
+                 f"{max(waits, default=0) * 1000:.0f} ms after submission; W1 is still running {long.label} "
+                 f"(≈{left:.1f} s left)")
+        self.say("The submitter never chose a worker: each job is a row, owned by whichever idle worker won")
+        self.say("the claim CAS (UPDATE ... WHERE state = 'queued' AND owner IS NULL ...). Pinned to W1, the")
+        self.say(f"process that held the connection, they would have waited ≈{left:.1f} s more behind "
+                 f"{long.label}.")
+        return parked
+
+    async def settle(self, ts: Sequence[Tracked]) -> None:
+        """Wait until each job has started, finished, or sat claimed but unstarted for PARKED_AFTER_S."""
+
+        async def probe() -> bool | None:
+            now = await self.c.store.server_time()
+            for t in ts:
+                job = await self.job(t)
+                if job.execution_started_at is not None or job.state.terminal:
+                    continue
+                held_s = now - job.claimed_at if job.owner is not None and job.claimed_at is not None else 0.0
+                if held_s < PARKED_AFTER_S:
+                    return None
+            return True
+
+        await self.until("the short jobs to be started (or held)", probe, STEP_TIMEOUT_S)
+
+    async def find_parked(self, ts: Sequence[Tracked]) -> Tracked | None:
+        for t in ts:
+            job = await self.job(t)
+            if job.state is JobState.QUEUED and job.owner is not None and job.execution_started_at is None:
+                return t
+        return None
+
+    async def step_reclaim(self, parked: Tracked) -> None:
+        self.section("3. a worker dies holding a claim it never started: the job is claimed again")
+        job = await self.job(parked)
+        holders = [w for w in await self.c.workers() if job.id in w.jobs_held]
+        if len(holders) != 1 or holders[0].id != job.owner:
+            raise DemoFailure(f"{parked.label} is owned by {job.owner}, but the registry says {holders}")
+        holder = self._proc(holders[0])
+        if holder.n != 3:
+            raise DemoFailure(f"the unstarted claim is held by {holder.label}, not by the faulty W3")
+        self.log(f"registry: {holder.label} holds {parked.label}; the job is {job.state.value} with owner "
+                 f"{holder.label}, epoch {job.epoch}, no execution started")
+        first_expiry = job.claim_expires_at or 0.0
+
+        async def renewed() -> Job | None:
+            j = await self.job(parked)
+            return j if (j.claim_expires_at or 0) > first_expiry else None
+
+        job = await self.until("W3's heartbeat to renew its claim", renewed, 3 * HEARTBEAT_S + 2)
+        self.log(f"{holder.label} is alive and heartbeating: its claim's expiry moved "
+                 f"+{(job.claim_expires_at or 0) - first_expiry:.2f} s, so no other worker may take the job")
+        epoch_before = job.epoch
+        killed_at = await self.kill(holder)
+        self.log(f"SIGKILL {holder.label} (pid {holder.pid}): its heartbeats stop, its claim will expire")
+
+        async def reclaimed() -> Job | None:
+            j = await self.job(parked)
+            return j if j.epoch > epoch_before and j.execution_started_at is not None else None
+
+        await self.until(f"{parked.label} to be claimed again", reclaimed, CLAIM_TTL_S + STEP_TIMEOUT_S)
+        job = await self.until(f"{parked.label} to finish", lambda: self.terminal(parked), STEP_TIMEOUT_S)
+        by = self.name(await self.runner(job))
+        took = (job.claimed_at or 0) - killed_at
+        bound = CLAIM_TTL_S + SWEEP_INTERVAL_S
+        verdict = "within" if took <= bound + 0.25 else "OVER (a busy machine?)"
+        parked.note = f"W3 claimed it at epoch {epoch_before}, never started, was killed"
+        self.log(f"the sweeper released the expired claim: {parked.label} claimed by {by} at epoch "
+                 f"{job.epoch} (was {epoch_before}), {took:.2f} s after the kill")
+        self.say(f"({verdict} the bound claim TTL + one sweep interval = {bound:g} s)")
+        self.say(f"{parked.label} {job.state.value} on {by}; events: "
+                 + _events_line(self, await self.events(parked)))
+        self.say(f"Epoch {epoch_before} left no execution and no event: it never reached execution.started,")
+        self.say("so running the job elsewhere repeats nothing. Had W3 woken up instead of dying, its start")
+        self.say(f"CAS (epoch {epoch_before}, old token) would have matched no row.")
+        if job.epoch <= epoch_before or by == holder.label:
+            raise DemoFailure(f"{parked.label} was not claimed again by another worker with a higher epoch")
+
+    async def step_lost(self) -> None:
+        self.section("4. a worker dies after the job started: lost, never run twice")
+        counter = self.workdir / "counter"
+        crash = await self.submit(
+            "crash", "crash_after_effect", {"counter": str(counter), "seconds": CRASH_SLEEP_S}
+        )
+        self.log(f"submitted {crash.label}: crash_after_effect (adds 1 to the file {counter.name}, then "
+                 f"sleeps {CRASH_SLEEP_S:g} s)")
+
+        async def effect_done() -> list[Event] | None:
+            events = await self.events(crash)
+            return events if {"execution.started", "effect"} <= {e.type for e in events} else None
+
+        events = await self.until(f"{crash.label} to make its side effect", effect_done, STEP_TIMEOUT_S)
+        started = next(e for e in events if e.type == "execution.started")
+        worker_id = started.payload.get("worker_id") if isinstance(started.payload, dict) else None
+        victim = next((w for w in self.workers if w.worker_id == worker_id), None)
+        if victim is None or victim.killed:
+            raise DemoFailure(f"{crash.label} runs on {worker_id}, which is not a live worker of this demo")
+        job = await self.job(crash)
+        epoch = job.epoch
+        self.log(f"{crash.label} is running on {victim.label} at epoch {epoch} (execution.started at "
+                 f"{self.rel(started.ts)}); its side effect is done: counter = {_read_counter(counter)}")
+        killed_at = await self.kill(victim)
+        self.log(f"SIGKILL {victim.label} (pid {victim.pid}) in the middle of the execution")
+
+        job = await self.until(
+            f"{crash.label} to end", lambda: self.terminal(crash), CLAIM_TTL_S + STEP_TIMEOUT_S
+        )
+        if job.state is not JobState.LOST:
+            raise DemoFailure(f"{crash.label} ended {job.state.value} ({job.error_code}), expected lost")
+        self.log(f"the sweeper marked {crash.label} {job.state.value} ({job.error_code}) "
+                 f"{(job.finished_at or 0) - killed_at:.2f} s after the kill")
+        grace = 2 * SWEEP_INTERVAL_S + HEARTBEAT_S
+        await asyncio.sleep(grace)  # give a wrongful second run every chance to happen
+        job = await self.job(crash)
+        value = _read_counter(counter)
+        execs = await self.executions(crash)
+        self.log(f"{grace:g} s later: state {job.state.value}, epoch {job.epoch}, {len(execs)} execution, "
+                 f"counter file = {value}")
+        self.say("It had passed execution.started, so its effect may have happened (here it did). Tenure")
+        self.say("records `lost` and leaves the decision to a person (`tenure requeue`); only an agent")
+        self.say("declared retry-safe, with its effects in the journal, is run again automatically.")
+        self.say("events: " + _events_line(self, await self.events(crash)))
+        crash.note = f"{victim.label} killed after the effect; counter = {value}"
+        if job.state is not JobState.LOST or job.epoch != epoch or value != 1 or len(execs) != 1:
+            raise DemoFailure(
+                f"{crash.label}: state {job.state.value}, epoch {job.epoch}, {len(execs)} executions, "
+                f"counter {value}; expected lost, epoch {epoch}, 1 execution, counter 1"
+            )
+
+    def _proc(self, info: WorkerInfo) -> WorkerProc:
+        for w in self.workers:
+            if w.pid == info.pid or w.worker_id == info.id:
+                return w
+        raise DemoFailure(f"worker {info.id} (pid {info.pid}) was not started by this demo")
+
+    # -- reporting ---------------------------------------------------------------------------------------
+    async def final_table(self) -> None:
+        self.section("every job at the end (SUBMIT relative to the demo start; QWAIT and RUN in ms)")
+        header = (f"{'JOB':9} {'AGENT':18} {'STATE':9} {'EPOCH':>5} {'SUBMIT':>7} {'QWAIT':>6} {'RUN':>6}  "
+                  f"{'EXECUTIONS (worker outcome @epoch)':35} NOTE")
+        print(header)
+        print("-" * len(header))
+        for t in self.jobs:
+            job = await self.job(t)
+            execs = await self.executions(t)
+            ex = ", ".join(f"{self.name(e.worker_id)} {e.outcome} @{e.epoch}" for e in execs) or "-"
+            print(f"{t.label:9} {job.agent:18} {job.state.value:9} {job.epoch:>5} "
+                  f"{self.rel(job.created_at):>7} {_ms(job.execution_started_at, job.created_at):>6} "
+                  f"{_ms(job.finished_at, job.execution_started_at):>6}  {ex:35} {t.note}")
+        print("QWAIT = execution started - submitted; RUN = finished - started (for a lost job: until the "
+              "sweeper declared it)")
+
+    async def check_final(self) -> None:
+        """Every job ended as the story says: `crash` lost, every other one succeeded."""
+        wrong = []
+        for t in self.jobs:
+            job = await self.job(t)
+            expected = JobState.LOST if t.label == "crash" else JobState.SUCCEEDED
+            if job.state is not expected:
+                wrong.append(f"{t.label} is {job.state.value} ({job.error_code}: {job.error_message}), "
+                             f"expected {expected.value}")
+        if wrong:
+            raise DemoFailure("; ".join(wrong))
+
+    async def show_seen(self) -> None:
+        print("what the demo saw:", flush=True)
+        now = await self.c.store.server_time()
+        for t in self.jobs:
+            j = await self.job(t)
+            print(f"  {t.label:9} {j.state.value:9} owner {self.name(j.owner):6} epoch {j.epoch} "
+                  f"claimed {self.rel(j.claimed_at)} expires {self.rel(j.claim_expires_at)} "
+                  f"started {self.rel(j.execution_started_at)} finished {self.rel(j.finished_at)}")
+        for info in await self.c.workers(include_gone=True):
+            beat = f"{now - info.last_heartbeat:.2f}s ago" if info.last_heartbeat else "never"
+            held = ", ".join(self.label_of(j) for j in info.jobs_held) or "-"
+            print(f"  {self.name(info.id):6} pid {info.pid} {info.state.value:8} heartbeat {beat}, "
+                  f"holds {held}")
+
+
+def _ms(later: float | None, earlier: float | None) -> str:
+    return "-" if later is None or earlier is None else f"{(later - earlier) * 1000:.0f}"
+
+
+def _read_counter(path: Path) -> int:
+    try:
+        return int(path.read_text().strip() or 0)
+    except FileNotFoundError:
+        return 0
+
+
+def _events_line(demo: Demo, events: Sequence[Event]) -> str:
+    parts = []
+    for e in events:
+        extra = ""
+        payload = e.payload if isinstance(e.payload, dict) else {}
+        if e.type == "execution.started":
+            extra = f" ({demo.name(payload.get('worker_id'))})"
+        elif e.type == "effect":
+            extra = f" {json.dumps(e.payload)}"
+        elif e.type.startswith("job.") and payload.get("error_code"):
+            extra = f" ({payload['error_code']})"
+        parts.append(f"{e.cursor} {e.type}{extra}")
+    return " · ".join(parts) or "none"
+
+
+def _tail(path: Path, lines: int = 12) -> list[str]:
+    try:
+        return path.read_text(errors="replace").splitlines()[-lines:]
+    except OSError:
+        return []
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="tenure demo",
+        description="Three workers on one SQLite file: short jobs go to idle workers at once; the unstarted "
+        "claim of a killed worker is claimed again with a higher epoch; the started job of a killed worker "
+        "becomes lost and is not run twice.",
+    )
+    parser.add_argument("--keep", action="store_true", help="keep the temporary directory (database, logs)")
+    args = parser.parse_args(argv)
+
+    workdir = Path(tempfile.mkdtemp(prefix="tenure-demo-"))
+    demo = Demo(workdir)
+    code, failed, terminated = 1, True, False
+
+    async def run() -> None:
+        task = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+
+        def on_sigterm() -> None:
+            nonlocal terminated
+            terminated = True
+            if task is not None:
+                task.cancel()
+
+        loop.add_signal_handler(signal.SIGTERM, on_sigterm)
+        try:
+            await demo.run()
+        finally:
+            loop.remove_signal_handler(signal.SIGTERM)
+
+    try:
+        asyncio.run(run())
+        code, failed = 0, False
+        print("\ndemo finished: every step behaved as described.", flush=True)
+    except DemoFailure:
+        print("\ndemo FAILED (see UNEXPECTED above)", flush=True)
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        print("\ninterrupted: killing the workers", flush=True)
+        code, failed = (143 if terminated else 130), False
+    except Exception as exc:
+        print(f"\nUNEXPECTED ERROR: {type(exc).__name__}: {exc}", flush=True)
+    finally:
+        demo.kill_all()
+        if failed:
+            for w in demo.workers:
+                print(f"--- last lines of {w.label}'s log ({w.log_path}):")
+                for line in _tail(w.log_path):
+                    print(f"    {line}")
+        if args.keep or failed:
+            print(f"kept {workdir} (database and worker logs)")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
