@@ -17,6 +17,7 @@ from tenure.app import LocalClient, connect, load_app, open_store
 from tenure.contracts.errors import ConfigError, InvalidRequest, TenureError
 from tenure.contracts.states import JobState
 from tenure.contracts.types import Job
+from tenure.observability.logs import setup_logging
 from tenure.settings import Settings
 
 log = logging.getLogger("tenure.cli")
@@ -28,11 +29,9 @@ def _settings(args: argparse.Namespace, **extra: Any) -> Settings:
     )
 
 
-def _setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper()), stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+def _setup_logging(level: str, fmt: str = "auto") -> None:
+    # Structured logs (docs/observability.md): JSON lines, or a readable line on a terminal.
+    setup_logging(level, fmt, sys.stderr)
 
 
 def _out(args: argparse.Namespace, data: Any, human: Callable[[], None]) -> None:
@@ -104,6 +103,8 @@ async def cmd_worker(args: argparse.Namespace) -> int:
         concurrency=settings.concurrency, heartbeat_s=settings.heartbeat_s, claim_ttl_s=settings.claim_ttl_s,
         sweep_interval_s=settings.sweep_interval_s, drain_timeout_s=settings.drain_timeout_s,
         poll_s=settings.poll_s, capabilities=settings.capabilities,
+        lag_interval_s=settings.lag_interval_s, stall_threshold_s=settings.stall_threshold_s,
+        degraded_lag_s=settings.degraded_lag_s, degraded_for_s=settings.degraded_for_s,
     )
     store = await open_store(settings)
     if isinstance(store, SqliteStore):
@@ -128,11 +129,49 @@ async def cmd_worker(args: argparse.Namespace) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal, sig)
+    worker = Worker(store, app, config, faults=faults)
+    metrics_port = args.metrics_port if args.metrics_port is not None else _metrics_port(settings)
+    stop_metrics = await _serve_worker_metrics(worker, store, metrics_port, args.metrics_host)
     try:
-        await Worker(store, app, config, faults=faults).run(stop)
+        await worker.run(stop)
     finally:
         await store.close()
+        await stop_metrics()
     return 0
+
+
+def _metrics_port(settings: Settings) -> int | None:
+    text = settings.extra.get("metrics_port")
+    if text is None or not text.strip():
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise ConfigError(f"TENURE_METRICS_PORT must be a port number, not {text!r}") from None
+
+
+async def _serve_worker_metrics(
+    worker: Any, store: Any, port: int | None, host: str
+) -> Callable[[], Awaitable[None]]:
+    """`/metrics` of one worker on its own thread (never on the loop); also exports the SQLite store's
+    connection thread as a blocking adapter of bound 1. Returns the function that stops both."""
+    from tenure.observability import metrics
+    from tenure.observability.exposition import MetricsServer
+
+    unwatch = metrics.watch_adapter(store.offload, "worker", worker.id) if hasattr(store, "offload") else None
+    server: MetricsServer | None = None
+    if port is not None:
+        server = MetricsServer(host, port)
+        bound = await asyncio.to_thread(server.start)
+        log.info("metrics on http://%s:%d/metrics", host, bound, extra={"worker_id": worker.id})
+
+    async def stop() -> None:
+        if unwatch is not None:
+            unwatch()
+        if server is not None:
+            await asyncio.to_thread(server.stop)
+
+    return stop
 
 
 async def _with_client(args: argparse.Namespace, fn: Callable[[LocalClient], Awaitable[int]]) -> int:
@@ -266,6 +305,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--capabilities", help="comma-separated capability tags this worker offers")
     sp.add_argument("--heartbeat-s", type=float, help="heartbeat interval (TENURE_HEARTBEAT_S; default 5)")
     sp.add_argument("--claim-ttl-s", type=float, help="claim TTL, at least 3 heartbeats (TENURE_CLAIM_TTL_S)")
+    sp.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port (0: any free one; "
+                    "TENURE_METRICS_PORT); served from a thread, never the event loop")
+    sp.add_argument("--metrics-host", default="127.0.0.1", help="address for --metrics-port (default 127.0.0.1)")
     sp.set_defaults(fn=cmd_worker)
 
     sp = sub.add_parser("submit", help="submit a job")
@@ -356,8 +398,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        settings_level = args.log_level or Settings.from_env().log_level
-        _setup_logging(settings_level)
+        env_settings = Settings.from_env()
+        _setup_logging(args.log_level or env_settings.log_level, env_settings.log_format)
         if args.fn is None:
             return int(args.sync(args))
         return asyncio.run(args.fn(args))

@@ -81,6 +81,11 @@ class Settings:
     # Read by later layers (the gateway, Redis, quotas, the example `chat` agent); validated here too.
     redis_url: str | None = None
     model_url: str = "http://127.0.0.1:8001/v1"
+    # Observability (docs/observability.md): loop-lag sampling, the stall log, lag-aware liveness.
+    lag_interval_s: float = 0.05
+    stall_threshold_s: float = 0.25
+    degraded_lag_s: float = 0.5
+    degraded_for_s: float = 2.0
     extra: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -138,6 +143,10 @@ _PARSERS: dict[str, Any] = {
     "faults": _optional,
     "redis_url": _optional,
     "model_url": _text,
+    "lag_interval_s": _pos_float,
+    "stall_threshold_s": _pos_float,
+    "degraded_lag_s": _pos_float,
+    "degraded_for_s": _pos_float,
 }
 # Variables owned by layers that parse them themselves (gateway keys, quotas); known, so not an error.
 _OTHER_LAYERS = frozenset({"api_keys", "api_keys_file", "admin_key", "quotas", "metrics_port"})

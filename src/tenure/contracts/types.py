@@ -113,6 +113,9 @@ class Claim:
     timeout_s: float | None
     retry_safe: bool
     tenant: str
+    # Database-clock times for the queue-wait and dispatch metrics (additive; None from older stores).
+    created_at: float | None = None
+    claimed_at: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,8 +7,10 @@ every call raises `OwnershipLost`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable
+import time
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol, TypeVar
 
 from tenure.contracts.types import dumps
@@ -41,6 +43,10 @@ class ExecutionPort(Protocol):
 
     def record_usage(self, counts: dict[str, float]) -> None:
         """Add token / cost counters to this execution's usage record."""
+        ...
+
+    def record_external(self, kind: str, seconds: float) -> None:
+        """Record one timed external call (model, tool) of this execution (`tenure_external_seconds`)."""
         ...
 
 
@@ -97,6 +103,22 @@ class Context:
     async def to_process(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
         """Run CPU-bound code in a process pool (the callable and arguments must pickle)."""
         return await self._port.to_process(fn, *args, **kwargs)
+
+    @contextlib.asynccontextmanager
+    async def external(self, kind: str) -> AsyncIterator[None]:
+        """Time an external call (a model or tool call) as `tenure_external_seconds{agent, kind}`:
+
+            async with ctx.external("model"):
+                reply = await client.chat(...)
+
+        The time is recorded whether the call returns or raises. Only the wall time of the block is
+        measured: wrap the await of the call, not the processing of its result.
+        """
+        began = time.monotonic()
+        try:
+            yield
+        finally:
+            self._port.record_external(kind, time.monotonic() - began)
 
     def usage(self, **counts: float) -> None:
         """Record usage (e.g. input_tokens=812, output_tokens=95, cost_usd=0.01) on this execution."""

@@ -48,7 +48,9 @@ from tenure.control.retry import backoff_s
 from tenure.kernel.blocking import BlockingAdapter, ProcessAdapter
 from tenure.kernel.context import Context
 from tenure.kernel.registry import Agent, Tenure
+from tenure.observability.logs import bind_log_context
 from tenure.worker.faults import Faults
+from tenure.worker.observe import WorkerObserver
 
 log = logging.getLogger("tenure.worker")
 T = TypeVar("T")
@@ -74,6 +76,11 @@ class WorkerConfig:
     blocking_queue_timeout_s: float = 60.0
     retry_base_s: float = 1.0
     retry_cap_s: float = 300.0
+    # Observability (docs/observability.md): the lag sampler, its stall log, and lag-aware liveness.
+    lag_interval_s: float = 0.05
+    stall_threshold_s: float = 0.25
+    degraded_lag_s: float = 0.5
+    degraded_for_s: float = 2.0
 
     @property
     def worker_ttl_s(self) -> float:
@@ -184,6 +191,8 @@ class _Execution:
     async def emit(self, type: str, payload_json: str) -> None:
         if self.lost:
             self.check()
+        if self.seq == 1:
+            self.worker._obs.first_event(self.fence.job_id, self.agent.spec.name)
         self.seq += 1
         self.worker._writer.append(NewEvent(self.fence, self.execution_id, self.seq, type, payload_json))
         self.unwritten += 1
@@ -205,6 +214,9 @@ class _Execution:
     def record_usage(self, counts: dict[str, float]) -> None:
         for k, v in counts.items():
             self.usage[k] = self.usage.get(k, 0) + v
+
+    def record_external(self, kind: str, seconds: float) -> None:
+        self.worker._obs.external(self.agent.spec.name, kind, seconds)
 
 
 class Worker:
@@ -244,6 +256,13 @@ class Worker:
         self._last_renewed = time.monotonic()
         self._executions: asyncio.TaskGroup | None = None
         self.finished = 0
+        self._obs = WorkerObserver(
+            self.id, heartbeat_s=self.config.heartbeat_s, lag_interval_s=self.config.lag_interval_s,
+            stall_threshold_s=self.config.stall_threshold_s, degraded_lag_s=self.config.degraded_lag_s,
+            degraded_for_s=self.config.degraded_for_s,
+        )
+        self._obs.watch_adapter(self._adapter)
+        self._registry_exported_at = 0.0
 
     # -- public -----------------------------------------------------------------------------------------------------
     def info(self) -> WorkerInfo:
@@ -261,6 +280,7 @@ class Worker:
             writer = loops.create_task(self._writer.run(), name="writer")
             heartbeat = loops.create_task(self._heartbeat_loop(), name="heartbeat")
             sweeper = loops.create_task(self._sweeper_loop(), name="sweeper")
+            lag_sampler = loops.create_task(self._obs.sampler.run(), name="lag-sampler")
             async with asyncio.TaskGroup() as executions:
                 self._executions = executions
                 claimer = executions.create_task(self._claim_loop(), name="claim-loop")
@@ -271,12 +291,14 @@ class Worker:
             await self._writer.close()
             await writer
             heartbeat.cancel()
+            lag_sampler.cancel()
         await self._leave()
 
     # -- claiming -----------------------------------------------------------------------------------------------------
     async def _claim_loop(self) -> None:
         cfg = self.config
         while not self._stopping.is_set():
+            self._check_liveness()
             free = cfg.concurrency - self._busy
             if free <= 0 or self.state is not WorkerState.ACTIVE:
                 self._slot_freed.clear()
@@ -292,6 +314,7 @@ class Worker:
                 await self._wait_any(self.store.wait_for_jobs(cfg.poll_s), cfg.poll_s)
                 continue
             self._busy += len(claims)
+            self._obs.claimed(claims)
             for c in claims:
                 self._claimed[c.fence.job_id] = c
             await self.faults.hit("after_claim", {c.agent for c in claims}, self._stopping)
@@ -324,6 +347,7 @@ class Worker:
             self._claimed.pop(c.fence.job_id, None)
             s = by_job.get(c.fence.job_id)
             agent = self.app.get(c.agent)
+            self._obs.started(c, s)
             if s is None or agent is None:
                 if s is None:
                     log.warning(
@@ -346,6 +370,11 @@ class Worker:
     # -- executing ---------------------------------------------------------------------------------------------------
     async def _execute(self, ex: _Execution) -> None:
         claim, agent = ex.claim, ex.agent
+        began = time.monotonic()
+        bind_log_context(  # this task's own context: every line logged for this job names it
+            job_id=claim.fence.job_id, execution_id=ex.execution_id, worker_id=self.id, agent=claim.agent,
+            epoch=claim.fence.epoch,
+        )
         ctx = Context(
             ex, job_id=claim.fence.job_id, execution_id=ex.execution_id, epoch=claim.fence.epoch,
             attempt=ex.attempt, agent=claim.agent, tenant=claim.tenant, worker_id=self.id,
@@ -399,6 +428,9 @@ class Worker:
                 return
             await self.faults.hit("before_finish", {claim.agent})
             matched = await self._writer.finish(finish)
+            self._obs.finished(
+                claim, ex.execution_id, finish.state, finish.error_code, time.monotonic() - began, matched
+            )
             if not matched and not ex.lost:
                 log.warning("finish of job %s matched no row: ownership was lost", claim.fence.job_id)
             self.finished += 1
@@ -436,7 +468,11 @@ class Worker:
         if ex is None or ex.lost:
             return
         ex.lost = True
-        log.warning("job %s: ownership lost (epoch %d); stopping its execution", job_id, ex.fence.epoch)
+        log.warning(
+            "job %s: ownership lost (epoch %d); stopping its execution", job_id, ex.fence.epoch,
+            extra={"state": JobState.LOST.value, "error_code": "owner_lost", "job_id": job_id,
+                   "execution_id": ex.execution_id, "epoch": ex.fence.epoch, "agent": ex.claim.agent},
+        )
         if ex.task is not None and ex.task is not asyncio.current_task():
             ex.task.cancel(f"OwnershipLost: job {job_id} epoch {ex.fence.epoch}")
 
@@ -462,13 +498,25 @@ class Worker:
 
     async def _heartbeat_loop(self) -> None:
         cfg = self.config
+        loop = asyncio.get_running_loop()
         while True:
+            # Sent from the loop, never from a thread, so a frozen loop cannot fake being alive; and it
+            # measures how late the loop let it go (expected vs actual send time).
+            due = loop.time() + cfg.heartbeat_s
             await asyncio.sleep(cfg.heartbeat_s)
+            self._obs.heartbeat_sent(max(0.0, loop.time() - due), len(self._claimed) + len(self._running))
             await self.heartbeat_once()
+
+    def _check_liveness(self) -> None:
+        """Lag-aware liveness: active ⇄ degraded from the loop's lag (draining and gone are left alone)."""
+        if self.state in (WorkerState.ACTIVE, WorkerState.DEGRADED):
+            self.state = self._obs.liveness(self.state)
+        self._obs.show_state(self.state)
 
     async def heartbeat_once(self) -> None:
         """One heartbeat round trip: renew every held claim, learn of losses and cancel requests."""
         cfg = self.config
+        self._check_liveness()
         held = self._held_fences()
         sent = time.monotonic()
         try:
@@ -498,6 +546,8 @@ class Worker:
                     report = await self.store.sweep(cfg.worker_ttl_s)
                     if report.total():
                         log.info("sweep: %s", {k: len(v) for k, v in report.as_dict().items() if v})
+                    self._obs.swept(report)
+                    await self._export_registry()
             except StoreUnavailable as exc:
                 log.warning("sweep failed: %s", exc)
             await asyncio.sleep(cfg.sweep_interval_s)
@@ -527,8 +577,17 @@ class Worker:
                     t.cancel("worker shutdown")
                 await asyncio.wait(pending)
 
+    async def _export_registry(self) -> None:
+        """As the sweeper-duty holder, export `tenure_workers{state}` every few seconds (one process does)."""
+        now = time.monotonic()
+        if now - self._registry_exported_at >= 5.0:
+            self._registry_exported_at = now
+            self._obs.registry_seen(await self.store.list_workers(include_gone=True))
+
     async def _leave(self) -> None:
         self.state = WorkerState.GONE
+        self._obs.show_state(self.state)
+        self._obs.close()
         duty = self.leases or _store_leases(self.store)
         with contextlib.suppress(StoreUnavailable):
             if duty is not None:

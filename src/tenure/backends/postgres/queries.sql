@@ -82,7 +82,7 @@ UPDATE jobs AS j
    AND j.state = 'queued' AND j.owner IS NULL AND j.claimed_at IS NULL
    AND j.execution_id IS NULL AND j.execution_started_at IS NULL
 RETURNING j.id::text, j.epoch, j.agent, j.input::text, j.attempts, j.max_attempts, j.timeout_s, j.retry_safe,
-          j.tenant
+          j.tenant, extract(epoch FROM j.created_at)::float8, extract(epoch FROM j.claimed_at)::float8
 
 -- name: start_executions --
 -- The start CAS, batched: owner, epoch and token must match an unstarted claim; appends execution.started (seq 1).

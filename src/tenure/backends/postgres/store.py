@@ -287,7 +287,7 @@ class PostgresStore:
                     Q["claim_jobs"], worker_id, list(agents), list(capabilities), limit, ttl_s, token
                 )
         return [
-            Claim(Fence(r[0], r[1], token), r[2], r[3], r[4], r[5], r[6], r[7], r[8]) for r in rows
+            Claim(Fence(r[0], r[1], token), r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10]) for r in rows
         ]
 
     async def start(self, worker_id: str, starts: Sequence[Start]) -> list[Started]:

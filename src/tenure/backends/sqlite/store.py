@@ -17,7 +17,7 @@ import logging
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -85,6 +85,45 @@ def _job(r: sqlite3.Row | tuple[Any, ...]) -> Job:
     )
 
 
+class ConnectionThread:
+    """The store's connection thread seen as a blocking adapter with a bound of 1, for the metrics.
+
+    Why a bound of 1 and not a `BlockingAdapter`: sqlite3 calls block, and one connection may be used by one
+    thread at a time, so the store has exactly one executor thread; the thread *is* the slot, so no
+    cancelled caller can free a phantom slot (seed 000's second promise holds by construction). Unlike the
+    adapter, a call cancelled while still queued is dropped instead of shielded — right for a transaction
+    whose caller is gone — and the queue needs no cap of its own: its callers are the worker's bounded
+    loops and slots. What it lacked was visibility: these properties are read by
+    `tenure.observability.metrics.watch_adapter` (any thread: the set is only copied, in one C call).
+    """
+
+    name = "sqlite"
+    max_in_flight = 1
+    failed_closed = 0
+    rejected_queue_full = 0
+    rejected_queue_timeout = 0
+
+    def __init__(self) -> None:
+        self._pending: set[Future[Any]] = set()
+        self.completed = 0
+
+    def track(self, future: Future[Any]) -> None:
+        self._pending.add(future)
+        future.add_done_callback(self._done)
+
+    def _done(self, future: Future[Any]) -> None:
+        self._pending.discard(future)
+        self.completed += 1
+
+    @property
+    def in_flight(self) -> int:
+        return sum(1 for f in tuple(self._pending) if f.running())
+
+    @property
+    def queued(self) -> int:
+        return sum(1 for f in tuple(self._pending) if not f.running() and not f.done())
+
+
 class SqliteStore:
     """The Tenure store on one SQLite file. Create with `await SqliteStore.connect(url)`."""
 
@@ -94,6 +133,7 @@ class SqliteStore:
         self._path = path
         self._synchronous = synchronous
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tenure-sqlite")
+        self.offload = ConnectionThread()
         self._db: sqlite3.Connection | None = None
         self._seen_version = -1
         self._wake = asyncio.Event()
@@ -119,9 +159,10 @@ class SqliteStore:
     async def _run(self, fn: Callable[[], T], what: str = "query") -> T:
         if self._closed:
             raise StoreUnavailable("the store is closed")
-        loop = asyncio.get_running_loop()
+        future = self._executor.submit(fn)
+        self.offload.track(future)
         try:
-            return await loop.run_in_executor(self._executor, fn)
+            return await asyncio.wrap_future(future)
         except sqlite3.Error as exc:
             raise StoreUnavailable(f"SQLite failed during {what}: {exc}") from exc
 
@@ -276,7 +317,9 @@ class SqliteStore:
             return self._tx(lambda db: db.execute(Q["claim_jobs"], args).fetchall())
 
         rows = await self._run(fn, "claim")
-        return [Claim(Fence(r[0], r[1], token), r[2], r[3], r[4], r[5], r[6], bool(r[7]), r[8]) for r in rows]
+        return [
+            Claim(Fence(r[0], r[1], token), r[2], r[3], r[4], r[5], r[6], bool(r[7]), r[8], r[9], r[10]) for r in rows
+        ]
 
     async def start(self, worker_id: str, starts: Sequence[Start]) -> list[Started]:
         if not starts:

@@ -1,0 +1,210 @@
+"""What a worker measures about itself: loop lag, lag-aware liveness, heartbeat lateness, job intervals.
+
+Kept apart from `worker.py` so that file only calls a few hooks (`claimed`, `started`, `first_event`,
+`finished`, ...). One `WorkerObserver` per worker incarnation:
+
+* a `LagSampler` (kernel) run as a child of the worker's task group, exported as `event_loop_lag_seconds`,
+  `event_loop_lag_max_seconds` and `tenure_loop_stalls_total` with `role="worker"` and the worker id;
+* **lag-aware liveness**: when the lag has stayed above `degraded_lag_s` for `degraded_for_s` (a frozen
+  loop, or one that is late tick after tick), the worker turns `degraded`: it claims nothing new, keeps
+  and renews its claims, and says so in every heartbeat. It becomes `active` again once the lag has stayed
+  under the threshold for `degraded_for_s`. Blocked is not dead: nobody takes its jobs for being slow;
+  only a claim TTL without a heartbeat does that (the sweeper);
+* the heartbeat's own lateness (scheduled vs actual send time, on the loop's clock): a heartbeat sent from
+  a thread could claim liveness for a frozen loop, so it is sent from the loop, and it measures how late
+  the loop let it go.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+
+from tenure.contracts.states import JobState, WorkerState
+from tenure.contracts.types import Claim, Started, SweepReport, WorkerInfo
+from tenure.kernel.blocking import BlockingAdapter
+from tenure.kernel.lag import LagSampler
+from tenure.observability import metrics as m
+
+log = logging.getLogger("tenure.worker")
+
+ROLE = "worker"
+
+
+class WorkerObserver:
+    """Metrics and liveness of one worker. Every method runs on the worker's loop unless said otherwise."""
+
+    def __init__(
+        self,
+        worker_id: str,
+        *,
+        heartbeat_s: float,
+        lag_interval_s: float,
+        stall_threshold_s: float,
+        degraded_lag_s: float,
+        degraded_for_s: float,
+    ) -> None:
+        self.worker_id = worker_id
+        self.heartbeat_s = heartbeat_s
+        self.degraded_lag_s = degraded_lag_s
+        self.degraded_for_s = degraded_for_s
+        self.sampler = LagSampler(
+            interval_s=lag_interval_s,
+            threshold_s=stall_threshold_s,
+            window_s=max(10.0, 2 * degraded_for_s),
+            on_sample=m.lag_sample_recorder(ROLE, worker_id),
+            on_stall=m.stall_recorder(ROLE, worker_id),
+        )
+        self._unwatch = [m.watch_lag(self.sampler, ROLE, worker_id)]
+        self._hb_lateness = m.HEARTBEAT_LATENESS.labels(worker_id)
+        self._hb_late = m.HEARTBEATS_LATE.labels(worker_id)
+        self._claimed_at: dict[str, float | None] = {}
+        self._started_mono: dict[str, float] = {}
+        self._shown_state: WorkerState | None = None
+
+    def watch_adapter(self, adapter: BlockingAdapter) -> None:
+        """Export an adapter of this worker as `tenure_blocking_*{adapter, role, worker}`."""
+        self._unwatch.append(m.watch_adapter(adapter, ROLE, self.worker_id))
+
+    def close(self) -> None:
+        for unwatch in self._unwatch:
+            unwatch()
+        self._unwatch.clear()
+
+    # -- liveness --------------------------------------------------------------------------------------------
+    def liveness(self, state: WorkerState) -> WorkerState:
+        """The state this worker should be in now, given its loop lag (only active ⇄ degraded change here)."""
+        if state is WorkerState.ACTIVE and self.sampler.running:
+            if self.sampler.degraded(self.degraded_lag_s, self.degraded_for_s):
+                log.warning(
+                    "event loop lag above %.3f s for %.1f s: worker degraded, claiming nothing new "
+                    "(it keeps and renews its claims)", self.degraded_lag_s, self.degraded_for_s,
+                    extra={"worker_id": self.worker_id, "state": WorkerState.DEGRADED.value},
+                )
+                return WorkerState.DEGRADED
+        elif state is WorkerState.DEGRADED:
+            if self.sampler.max_lag_window(self.degraded_for_s) <= self.degraded_lag_s:
+                log.info(
+                    "event loop lag under %.3f s for %.1f s: worker active again",
+                    self.degraded_lag_s, self.degraded_for_s,
+                    extra={"worker_id": self.worker_id, "state": WorkerState.ACTIVE.value},
+                )
+                return WorkerState.ACTIVE
+        return state
+
+    def show_state(self, state: WorkerState) -> None:
+        """Export this worker's own state as `tenure_worker_state{worker, state}` (1 for the current one)."""
+        if state is self._shown_state:
+            return
+        for s in WorkerState:
+            m.WORKER_STATE.labels(self.worker_id, s.value).set(1 if s is state else 0)
+        self._shown_state = state
+
+    # -- heartbeat -------------------------------------------------------------------------------------------
+    def heartbeat_sent(self, lateness_s: float, held: int) -> None:
+        """Record how late a heartbeat went out; log when it is more than half an interval late."""
+        self._hb_lateness.observe(lateness_s)
+        if lateness_s > self.heartbeat_s / 2:
+            self._hb_late.inc()
+            log.warning(
+                "heartbeat sent %.3f s late (interval %.3f s, %d claims held): the event loop was blocked",
+                lateness_s, self.heartbeat_s, held,
+                extra={"worker_id": self.worker_id, "duration_ms": round(lateness_s * 1000, 1)},
+            )
+
+    # -- job intervals ---------------------------------------------------------------------------------------
+    def claimed(self, claims: Sequence[Claim]) -> None:
+        """Queue wait (admitted → claimed, database clock) of first attempts; remember the claim time."""
+        for c in claims:
+            self._claimed_at[c.fence.job_id] = c.claimed_at
+            if c.attempts == 0 and c.claimed_at is not None and c.created_at is not None:
+                m.QUEUE_WAIT.labels(c.agent).observe(max(0.0, c.claimed_at - c.created_at))
+
+    def started(self, claim: Claim, started: Started | None) -> None:
+        """Dispatch (claimed → started, database clock); start the first-event clock."""
+        job_id = claim.fence.job_id
+        claimed_at = self._claimed_at.pop(job_id, None)
+        if started is None:
+            return
+        if claimed_at is not None:
+            m.DISPATCH.labels(claim.agent).observe(max(0.0, started.started_at - claimed_at))
+        self._started_mono[job_id] = time.monotonic()
+        log.info(
+            "job started", extra={
+                "job_id": job_id, "execution_id": started.execution_id, "worker_id": self.worker_id,
+                "agent": claim.agent, "state": JobState.RUNNING.value, "epoch": claim.fence.epoch,
+            },
+        )
+
+    def first_event(self, job_id: str, agent: str) -> None:
+        """Started → first event emitted by the handler (worker clock)."""
+        began = self._started_mono.pop(job_id, None)
+        if began is not None:
+            m.FIRST_EVENT.labels(agent).observe(time.monotonic() - began)
+
+    def external(self, agent: str, kind: str, seconds: float) -> None:
+        """One model or tool call, timed by `ctx.external(kind)`."""
+        m.EXTERNAL.labels(agent, kind).observe(seconds)
+
+    def finished(
+        self, claim: Claim, execution_id: str, state: JobState, error_code: str | None, duration_s: float,
+        matched: bool,
+    ) -> None:
+        """One line and the counters for an execution's end (`state` SCHEDULED means a retry)."""
+        job_id = claim.fence.job_id
+        self._started_mono.pop(job_id, None)
+        fields = {
+            "job_id": job_id, "execution_id": execution_id, "worker_id": self.worker_id, "agent": claim.agent,
+            "state": state.value if matched else JobState.LOST.value, "epoch": claim.fence.epoch,
+            "duration_ms": round(duration_s * 1000, 1), "error_code": error_code,
+        }
+        if not matched:
+            log.warning("job finish not recorded: ownership was lost", extra=fields)
+            return
+        if state is JobState.SCHEDULED:
+            m.RETRIES.labels(claim.agent).inc()
+            log.info("job failed, retry scheduled", extra=fields)
+            return
+        m.JOBS_FINISHED.labels(claim.agent, state.value).inc()
+        if state is JobState.DEAD:
+            m.JOBS_DEAD.labels(claim.agent).inc()
+        log.log(logging.INFO if state is JobState.SUCCEEDED else logging.WARNING, "job %s", state.value,
+                extra=fields)
+
+    def lost(self, claim: Claim, execution_id: str | None) -> None:
+        """This worker learned that it no longer owns a job."""
+        self._started_mono.pop(claim.fence.job_id, None)
+        self._claimed_at.pop(claim.fence.job_id, None)
+        log.warning("job ownership lost: execution stopped", extra={
+            "job_id": claim.fence.job_id, "execution_id": execution_id, "worker_id": self.worker_id,
+            "agent": claim.agent, "state": JobState.LOST.value, "epoch": claim.fence.epoch,
+            "error_code": "owner_lost",
+        })
+
+    # -- sweeper duty (only the holder of the sweeper lease exports store-wide numbers) --------------------
+    def swept(self, report: SweepReport) -> None:
+        for job_id in report.lost:
+            m.JOBS_LOST.inc()
+            m.JOBS_FINISHED.labels("", JobState.LOST.value).inc()
+            log.warning("job lost: its owner stopped renewing the claim", extra={
+                "job_id": job_id, "state": JobState.LOST.value, "error_code": "owner_lost",
+            })
+        for job_id in report.dead:
+            m.JOBS_FINISHED.labels("", JobState.DEAD.value).inc()
+            log.warning("job dead: owner lost on its last attempt", extra={
+                "job_id": job_id, "state": JobState.DEAD.value, "error_code": "owner_lost",
+            })
+        for job_id in report.expired:
+            m.JOBS_FINISHED.labels("", JobState.EXPIRED.value).inc()
+            log.info("job expired before it started", extra={
+                "job_id": job_id, "state": JobState.EXPIRED.value, "error_code": "deadline_exceeded",
+            })
+
+    def registry_seen(self, workers: Sequence[WorkerInfo]) -> None:
+        """Export `tenure_workers{state}` from the registry (sweeper holder only, so one process says it)."""
+        counts = {s.value: 0 for s in WorkerState}
+        for w in workers:
+            counts[w.state.value] += 1
+        for state, n in counts.items():
+            m.WORKERS.labels(state).set(n)
