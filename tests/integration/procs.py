@@ -32,7 +32,8 @@ class WorkerProc:
     """One `tenure worker` subprocess."""
 
     def __init__(self, database_url: str, log_dir: Path, name: str, *, concurrency: int = 1,
-                 env: dict[str, str] | None = None, app: str = "tenure.examples:app") -> None:
+                 env: dict[str, str] | None = None, app: str = "tenure.examples:app",
+                 args: tuple[str, ...] = ()) -> None:
         self.name = name
         self.log_path = log_dir / f"{name}.log"
         full_env = {k: v for k, v in os.environ.items() if not k.startswith("TENURE_")}
@@ -41,7 +42,7 @@ class WorkerProc:
         full_env.update(env or {})
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
-            [PYTHON, "-m", "tenure.cli", "worker", "--app", app, "--concurrency", str(concurrency)],
+            [PYTHON, "-m", "tenure.cli", "worker", "--app", app, "--concurrency", str(concurrency), *args],
             env=full_env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT,
         )
 
