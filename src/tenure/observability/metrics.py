@@ -204,6 +204,7 @@ def watch_adapter(adapter: AdapterStats, role: str, worker: str) -> Callable[[],
     _WATCHED.adapters = [*_WATCHED.adapters, entry]
 
     def unwatch() -> None:
+        _final_refresh(lambda: _refresh_adapter(entry))
         _WATCHED.adapters = [e for e in _WATCHED.adapters if e is not entry]
 
     return unwatch
@@ -215,9 +216,20 @@ def watch_lag(sampler: LagStats, role: str, worker: str) -> Callable[[], None]:
     _WATCHED.lags = [*_WATCHED.lags, item]
 
     def unwatch() -> None:
+        _final_refresh(lambda: LOOP_LAG_MAX.labels(role, worker).set(sampler.max_lag_window()))
         _WATCHED.lags = [x for x in _WATCHED.lags if x is not item]
 
     return unwatch
+
+
+def _final_refresh(fn: Callable[[], None]) -> None:
+    """Export an object's last numbers before it is unwatched, unless a refresh is running right now (then
+    that refresh exports them): a non-blocking try, because unwatching happens on the event loop."""
+    if _WATCHED.refresh_lock.acquire(blocking=False):
+        try:
+            fn()
+        finally:
+            _WATCHED.refresh_lock.release()
 
 
 def lag_sample_recorder(role: str, worker: str) -> Callable[[float], None]:

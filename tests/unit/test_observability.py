@@ -1,0 +1,143 @@
+"""Structured logs, lag-aware liveness decisions and multiprocess aggregation, without a worker."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tenure.contracts.states import WorkerState
+from tenure.observability.logs import bind_log_context, job_context, setup_logging
+from tenure.worker.observe import WorkerObserver
+from tests.conftest import ROOT
+
+
+@pytest.fixture
+def restore_logging() -> Any:
+    import logging
+
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    for h in list(root.handlers):
+        root.removeHandler(h)
+    for h in handlers:
+        root.addHandler(h)
+    root.setLevel(level)
+
+
+def test_json_logs_are_one_object_per_line_with_the_job_fields(restore_logging: None) -> None:
+    import logging
+
+    out = io.StringIO()
+    setup_logging("info", "auto", out)  # a StringIO is no terminal: auto means JSON
+    with job_context(job_id="j1", worker_id="w1", agent="echo", epoch=2):
+        logging.getLogger("tenure.test").info(
+            "job %s", "succeeded", extra={"state": "succeeded", "duration_ms": 12.5, "error_code": None}
+        )
+    logging.getLogger("tenure.test").warning("outside")
+    first, second = (json.loads(line) for line in out.getvalue().splitlines())
+    assert first["msg"] == "job succeeded" and first["level"] == "info" and first["logger"] == "tenure.test"
+    assert {k: first[k] for k in ("job_id", "worker_id", "agent", "epoch", "state", "duration_ms")} == {
+        "job_id": "j1", "worker_id": "w1", "agent": "echo", "epoch": 2, "state": "succeeded",
+        "duration_ms": 12.5,
+    }
+    assert "job_id" not in second  # the context ended with the block
+
+
+def test_console_logs_put_the_known_fields_first_in_a_readable_line(restore_logging: None) -> None:
+    import logging
+
+    out = io.StringIO()
+    setup_logging("debug", "console", out)
+    logging.getLogger("tenure.test").info("job started", extra={"state": "running", "job_id": "j9", "zzz": 1})
+    line = out.getvalue().strip()
+    assert "INFO" in line and "job started" in line
+    assert line.index("job_id=j9") < line.index("state=running") < line.index("zzz=1")
+
+
+async def test_the_log_context_of_a_job_follows_its_calls_into_the_adapter_threads(
+    restore_logging: None,
+) -> None:
+    import asyncio
+    import logging
+
+    from tenure.kernel.blocking import BlockingAdapter
+
+    out = io.StringIO()
+    setup_logging("info", "json", out)
+    adapter = BlockingAdapter("t", 1, 1, 5.0)
+
+    async def job() -> None:
+        bind_log_context(job_id="j7", execution_id="e7")
+        await adapter.run(logging.getLogger("tenure.test").info, "from a thread")
+
+    await asyncio.create_task(job())
+    await adapter.close(5.0)
+    record = json.loads(out.getvalue().splitlines()[0])
+    assert record["job_id"] == "j7" and record["execution_id"] == "e7"
+
+
+class _Sampler:
+    def __init__(self) -> None:
+        self.running = True
+        self.is_degraded = False
+        self.max_lag = 0.0
+
+    def degraded(self, threshold_s: float, for_s: float) -> bool:
+        return self.is_degraded
+
+    def max_lag_window(self, window_s: float | None = None) -> float:
+        return self.max_lag
+
+
+def test_liveness_turns_degraded_on_lasting_lag_and_active_only_once_the_lag_stayed_low() -> None:
+    obs = WorkerObserver("w-liveness", heartbeat_s=1, lag_interval_s=0.05, stall_threshold_s=0.1,
+                         degraded_lag_s=0.5, degraded_for_s=2.0)
+    sampler = _Sampler()
+    obs.sampler = sampler  # type: ignore[assignment]
+    assert obs.liveness(WorkerState.ACTIVE) is WorkerState.ACTIVE
+    sampler.is_degraded, sampler.max_lag = True, 3.0
+    assert obs.liveness(WorkerState.ACTIVE) is WorkerState.DEGRADED
+    sampler.is_degraded = False  # the stall ended, but the window still shows it: stay degraded
+    assert obs.liveness(WorkerState.DEGRADED) is WorkerState.DEGRADED
+    sampler.max_lag = 0.01
+    assert obs.liveness(WorkerState.DEGRADED) is WorkerState.ACTIVE
+    sampler.is_degraded = True  # draining and gone are never overridden by lag
+    assert obs.liveness(WorkerState.DRAINING) is WorkerState.DRAINING
+    obs.close()
+
+
+_CHILD = """
+import sys
+from tenure.observability import metrics as m
+m.JOBS_FINISHED.labels("echo", "succeeded").inc(int(sys.argv[1]))
+m.LOOP_LAG_MAX.labels("worker", sys.argv[2]).set(float(sys.argv[3]))
+"""
+
+
+def test_multiprocess_mode_adds_counters_up_and_keeps_each_workers_lag_apart(tmp_path: Path) -> None:
+    directory = tmp_path / "metrics"
+    code = (
+        "import sys; from tenure.observability.multiprocess import prepare_multiprocess_dir; "
+        f"prepare_multiprocess_dir({str(directory)!r})"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(directory)}
+    for n, worker, lag in ((2, "a", "0.3"), (3, "b", "1.5")):
+        subprocess.run([sys.executable, "-c", _CHILD, str(n), worker, lag], check=True, env=env, cwd=ROOT)
+    render = (
+        "from tenure.observability.exposition import render; import sys; sys.stdout.write(render().decode())"
+    )
+    text = subprocess.run([sys.executable, "-c", render], check=True, env=env, cwd=ROOT,
+                          capture_output=True, text=True).stdout
+    assert 'tenure_jobs_finished_total{agent="echo",state="succeeded"} 5.0' in text
+    # livemax: the exited children are not marked dead here, so both lag curves are still present
+    assert 'event_loop_lag_max_seconds{role="worker",worker="a"} 0.3' in text
+    assert 'event_loop_lag_max_seconds{role="worker",worker="b"} 1.5' in text
