@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: demo test install dev services lint bench clean
+.PHONY: demo test install dev services tools lint bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -30,12 +30,16 @@ demo: install
 services:
 	scripts/ensure-services.sh
 
+# promtool (Debian's `prometheus` package) for the alert-rule tests; installed only if missing.
+tools:
+	scripts/ensure-tools.sh
+
 lint: dev
 	$(VENV)/bin/ruff check src tests bench
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
-test: dev services
+test: dev services tools
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 bench: dev services
