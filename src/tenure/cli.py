@@ -277,6 +277,24 @@ async def cmd_workers(args: argparse.Namespace) -> int:
     return await _with_client(args, go)
 
 
+async def cmd_doctor(args: argparse.Namespace) -> int:
+    from tenure.doctor import diagnose
+
+    report = await diagnose(_settings(args), max_skew_s=args.max_skew_s)
+
+    def human() -> None:
+        marks = {"ok": "ok  ", "warn": "WARN", "fail": "FAIL"}
+        for c in report.checks:
+            print(f"{marks[c.status]}  {c.name:11} {c.detail}")
+            for job in c.data.get("jobs", [])[:20]:
+                print(f"              job {job['job_id']} {job['state']} owner {job['owner']} "
+                      f"{job['past_ttl_s']} s past its TTL")
+        print("healthy" if report.ok else "something is wrong (see FAIL above)")
+
+    _out(args, report.to_dict(), human)
+    return 0 if report.ok else 1
+
+
 # -- parser -------------------------------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
@@ -359,6 +377,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--latency-ms", type=float, default=50.0, help="time to the first token")
     sp.add_argument("--tokens", type=int, default=16, help="tokens per reply")
     sp.set_defaults(fn=None, sync=lambda a: _mock_model(a))
+
+    sp = sub.add_parser("doctor", help="check the store, Redis, clocks, schema, workers and stuck jobs")
+    common(sp, app=False)
+    sp.add_argument("--max-skew-s", type=float, default=1.0, help="clock skew that counts as a failure")
+    sp.set_defaults(fn=cmd_doctor)
 
     sp = sub.add_parser("workers", help="list registered workers")
     common(sp)

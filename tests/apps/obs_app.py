@@ -36,7 +36,7 @@ async def ticker(ctx: Context, input: dict[str, Any]) -> dict[str, Any]:
 @app.agent("block_on_loop")
 async def block_on_loop(ctx: Context, input: dict[str, Any]) -> dict[str, Any]:
     """Seed 000's bug: a sync call straight inside `async def`, freezing the worker's loop."""
-    time.sleep(float(input["seconds"]))
+    time.sleep(float(input["seconds"]))  # noqa: ASYNC251 - the point of this agent
     return {"blocked_s": input["seconds"]}
 
 
@@ -70,7 +70,7 @@ async def hold_loop(ctx: Context, input: dict[str, Any]) -> dict[str, Any]:
     await ctx.to_thread(_count, input["counter"], +1)
     await ctx.emit("holding", {})
     await ctx.flush()
-    time.sleep(float(input["seconds"]))  # on the loop, on purpose: heartbeats cannot go out meanwhile
+    time.sleep(float(input["seconds"]))  # noqa: ASYNC251 - on purpose: no heartbeat can go out meanwhile
     try:
         await ctx.emit("released", {})
         await ctx.flush()

@@ -117,7 +117,7 @@ async def test_seed_000_blocking_on_the_loop_delays_an_unrelated_ticker_and_offl
         late_on_loop, after_a = await run("block_on_loop")
         late_offloaded, after_b = await run("block_in_thread")
 
-    # (a) 4 × 200 ms on the loop: the ticker is at least one whole blocking call late, and the lag sampler
+    # (a) 4 x 200 ms on the loop: the ticker is at least one whole blocking call late, and the lag sampler
     # (histogram, max gauge, stall counter and the WARNING with the stack) caught it.
     assert late_on_loop >= 0.150, w.log()
     assert value(after_a, "event_loop_lag_max_seconds", worker=worker_id) >= 0.150

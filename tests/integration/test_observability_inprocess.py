@@ -34,7 +34,10 @@ async def test_an_in_process_worker_and_the_metrics_asgi_app_never_block_the_loo
     run = asyncio.create_task(worker.run(stop))
     try:
         async with connect(app, url) as client:
-            ids = [await client.submit("model_call", {}), await client.submit("block_in_thread", {"seconds": 0.05})]
+            ids = [
+                await client.submit("model_call", {}),
+                await client.submit("block_in_thread", {"seconds": 0.05}),
+            ]
 
             async def done() -> bool:
                 jobs = [await client.job(i) for i in ids]

@@ -208,6 +208,16 @@ class PostgresStore:
         async with self._conn("server_time") as conn:
             return float(await conn.fetchval(Q["server_time"]))
 
+    async def server_version(self) -> str:
+        """The PostgreSQL server's version (for `tenure doctor`)."""
+        async with self._conn("server_version") as conn:
+            return str(await conn.fetchval("SHOW server_version"))
+
+    @staticmethod
+    def latest_schema_version() -> int:
+        """The schema version this code migrates to."""
+        return len(MIGRATIONS)
+
     # -- admission ---------------------------------------------------------------------------------------------
     async def enqueue(self, jobs: Sequence[NewJob]) -> list[Enqueued]:
         if not jobs:

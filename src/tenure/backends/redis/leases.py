@@ -134,6 +134,12 @@ class RedisLeases:
         """Check that Redis answers; raise `LeasesUnavailable` if it does not."""
         await self._call(self._client.ping(), "ping", "server")
 
+    async def server_info(self) -> tuple[str, float]:
+        """Redis's version and its clock (`TIME`, seconds since the epoch), for `tenure doctor`."""
+        info = await self._call(self._client.info("server"), "info", "server")
+        seconds, micros = await self._call(self._client.time(), "time", "server")
+        return str(info.get("redis_version", "?")), float(seconds) + float(micros) / 1e6
+
     async def close(self) -> None:
         """Close the connection pool if this instance created it. Idempotent."""
         if self._closed:

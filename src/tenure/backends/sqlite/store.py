@@ -241,6 +241,15 @@ class SqliteStore:
 
         return await self._run(lambda: self._tx(fn), "migrate")
 
+    async def server_version(self) -> str:
+        """The SQLite library's version (for `tenure doctor`)."""
+        return sqlite3.sqlite_version
+
+    @staticmethod
+    def latest_schema_version() -> int:
+        """The schema version this code migrates to."""
+        return len(MIGRATIONS)
+
     async def server_time(self) -> float:
         return await self._run(lambda: float(self._read(lambda db: db.execute(Q["server_time"]).fetchone()[0])))
 

@@ -1,0 +1,181 @@
+"""`tenure doctor`: is this deployment healthy? Part of the composition root (it opens the backends).
+
+Checks, each `ok`, `warn` or `fail` (any `fail` makes the command exit 1):
+
+    store       the configured store answers; its version
+    clock       skew between this machine and the database server (every expiry uses the server's clock,
+                but a machine far off makes logs, `--deadline-s` and operators' reading of times wrong)
+    schema      the migration level against the one this code expects
+    redis       TENURE_REDIS_URL (optional) answers; its version and clock skew
+    workers     workers alive (heartbeat within 2 claim TTLs), by state; none alive while jobs wait = fail
+    stuck jobs  jobs still owned past their claim expiry by more than a grace: the sweeper is not running
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import tenure
+from tenure.contracts.errors import TenureError
+from tenure.contracts.states import JobState, WorkerState
+from tenure.contracts.store import Store
+from tenure.contracts.types import JobFilter
+from tenure.settings import Settings
+
+STUCK_SCAN_LIMIT = 1000
+
+
+@dataclass
+class Check:
+    """One line of the report."""
+
+    name: str
+    status: str  # ok | warn | fail
+    detail: str
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Report:
+    checks: list[Check] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(c.status != "fail" for c in self.checks)
+
+    def add(self, name: str, status: str, detail: str, **data: Any) -> None:
+        self.checks.append(Check(name, status, detail, data))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ok": self.ok, "checks": [asdict(c) for c in self.checks]}
+
+
+async def _skew(read_clock: Any) -> tuple[float, float]:
+    """(server - local, uncertainty): the local clock is read on both sides of the round trip."""
+    before = time.time()
+    server = float(await read_clock())
+    after = time.time()
+    return server - (before + after) / 2, (after - before) / 2
+
+
+async def diagnose(settings: Settings, *, max_skew_s: float = 1.0) -> Report:
+    """Run every check against the configured store (and Redis, if configured)."""
+    from tenure.app import open_store
+
+    report = Report()
+    report.add("tenure", "ok", f"tenure {tenure.__version__}, Python {platform.python_version()}",
+               tenure=tenure.__version__, python=platform.python_version())
+    try:
+        store = await open_store(settings, migrate=False)
+    except (TenureError, OSError) as exc:
+        report.add("store", "fail", f"cannot open {_redact(settings.database_url)}: {exc}")
+        return report
+    try:
+        await _check_store(report, store, settings, max_skew_s)
+    finally:
+        await store.close()
+    if settings.redis_url:
+        await _check_redis(report, settings.redis_url, max_skew_s)
+    else:
+        report.add("redis", "ok", "not configured (TENURE_REDIS_URL unset): leases live in the store")
+    return report
+
+
+async def _check_store(report: Report, store: Store, settings: Settings, max_skew_s: float) -> None:
+    try:
+        version = await store.server_version()  # type: ignore[attr-defined]
+        report.add("store", "ok", f"{store.dialect} {version} at {_redact(settings.database_url)}",
+                   dialect=store.dialect, version=version)
+        skew, uncertainty = await _skew(store.server_time)
+        status = "ok" if abs(skew) <= max_skew_s else "fail"
+        report.add("clock", status, f"database clock {skew:+.3f} s from this machine (±{uncertainty:.3f} s)",
+                   skew_s=skew, uncertainty_s=uncertainty, max_skew_s=max_skew_s)
+        level = await store.schema_version()
+        latest = store.latest_schema_version()  # type: ignore[attr-defined]
+        if level == latest:
+            report.add("schema", "ok", f"at version {level}", level=level, expected=latest)
+        elif level < latest:
+            report.add("schema", "fail", f"at version {level}, this code expects {latest}: run "
+                       "`tenure migrate`", level=level, expected=latest)
+        else:
+            report.add("schema", "fail", f"at version {level}, newer than this code ({latest}): upgrade "
+                       "tenure", level=level, expected=latest)
+            return
+        if level == 0:
+            return
+        now = await store.server_time()
+        await _check_workers(report, store, settings, now)
+        await _check_stuck(report, store, settings, now)
+    except TenureError as exc:
+        report.add("store", "fail", f"{exc.code}: {exc}")
+
+
+async def _check_workers(report: Report, store: Store, settings: Settings, now: float) -> None:
+    horizon = 2 * settings.claim_ttl_s  # the registry marks a worker gone after this much silence
+    workers = await store.list_workers(include_gone=False)
+    alive = [w for w in workers if w.last_heartbeat is not None and now - w.last_heartbeat <= horizon]
+    by_state: dict[str, int] = {}
+    for w in alive:
+        by_state[w.state.value] = by_state.get(w.state.value, 0) + 1
+    queued = await store.list_jobs(JobFilter(state=JobState.QUEUED, limit=1))
+    summary = ", ".join(f"{n} {s}" for s, n in sorted(by_state.items())) or "none"
+    if not alive:
+        status = "fail" if queued else "warn"
+        detail = "no worker alive" + (" while jobs are queued" if queued else "")
+    else:
+        degraded = by_state.get(WorkerState.DEGRADED.value, 0)
+        status = "warn" if degraded else "ok"
+        detail = f"{len(alive)} alive ({summary})"
+    report.add("workers", status, detail, alive=len(alive), by_state=by_state,
+               silent=[w.id for w in workers if w not in alive])
+
+
+async def _check_stuck(report: Report, store: Store, settings: Settings, now: float) -> None:
+    # Past its claim expiry, a job is the sweeper's within one sweep; a grace of a few sweeps (and a
+    # heartbeat) keeps a sweep in progress from being reported.
+    grace = 3 * settings.sweep_interval_s + settings.heartbeat_s
+    stuck = []
+    for state in (JobState.QUEUED, JobState.RUNNING, JobState.WAITING):
+        for job in await store.list_jobs(JobFilter(state=state, limit=STUCK_SCAN_LIMIT)):
+            expires = job.claim_expires_at
+            if job.owner is not None and expires is not None and expires < now - grace:
+                stuck.append({"job_id": job.id, "state": job.state.value, "owner": job.owner,
+                              "past_ttl_s": round(now - expires, 3)})
+    if stuck:
+        report.add("stuck_jobs", "fail", f"{len(stuck)} job(s) owned past their claim TTL: is a sweeper "
+                   "running (any live worker runs one)?", jobs=stuck)
+    else:
+        report.add("stuck_jobs", "ok", f"none past their claim TTL ({STUCK_SCAN_LIMIT} newest per state)")
+
+
+async def _check_redis(report: Report, url: str, max_skew_s: float) -> None:
+    from tenure.backends.redis import RedisLeases
+
+    leases = RedisLeases(url, timeout_s=3.0)
+    try:
+        version, _ = await leases.server_info()
+        skew, uncertainty = await _skew(lambda: _redis_time(leases))
+        report.add("redis", "ok" if abs(skew) <= max_skew_s else "fail",
+                   f"Redis {version} at {_redact(url)}; clock {skew:+.3f} s (±{uncertainty:.3f} s)",
+                   version=version, skew_s=skew, uncertainty_s=uncertainty)
+    except TenureError as exc:
+        report.add("redis", "fail", f"{_redact(url)}: {exc}")
+    finally:
+        await leases.close()
+
+
+async def _redis_time(leases: Any) -> float:
+    return float((await leases.server_info())[1])
+
+
+def _redact(url: str) -> str:
+    """Hide a password in a URL (`scheme://user:secret@host` → `scheme://user:***@host`)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or "@" not in rest:
+        return url
+    creds, _, host = rest.rpartition("@")
+    user = creds.split(":", 1)[0]
+    return f"{scheme}://{user}:***@{host}" if ":" in creds else url
