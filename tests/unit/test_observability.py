@@ -141,3 +141,26 @@ def test_multiprocess_mode_adds_counters_up_and_keeps_each_workers_lag_apart(tmp
     # livemax: the exited children are not marked dead here, so both lag curves are still present
     assert 'event_loop_lag_max_seconds{role="worker",worker="a"} 0.3' in text
     assert 'event_loop_lag_max_seconds{role="worker",worker="b"} 1.5' in text
+
+
+async def test_observe_event_loop_is_the_gateways_one_call_lag_setup() -> None:
+    import asyncio
+    import time
+
+    from tenure.monitoring import observe_event_loop
+
+    async with observe_event_loop("gateway", "g-test", interval_s=0.02, stall_threshold_s=0.05,
+                                  metrics_port=0) as sampler:
+        await asyncio.sleep(0.1)
+        time.sleep(0.2)  # noqa: ASYNC251 - the test (not tenure) blocks the loop on purpose
+        await asyncio.sleep(0.1)
+        assert sampler.max_lag_window() >= 0.15
+        assert sampler.stall_count >= 1
+    from prometheus_client import REGISTRY
+
+    assert REGISTRY.get_sample_value(
+        "event_loop_lag_max_seconds", {"role": "gateway", "worker": "g-test"}
+    ) >= 0.15  # type: ignore[operator]
+    assert REGISTRY.get_sample_value(
+        "tenure_loop_stalls_total", {"role": "gateway", "worker": "g-test"}
+    ) >= 1  # type: ignore[operator]

@@ -24,6 +24,7 @@ from tenure.contracts.types import (
     Finish,
     HeartbeatReply,
     Job,
+    JobCounts,
     JobFilter,
     NewEvent,
     NewJob,
@@ -135,6 +136,11 @@ class Store(Protocol):
         """Release expired pre-start claims, mark running jobs with expired claims lost (or requeue them when
         retry-safe), expire queued jobs past their deadline, move due scheduled jobs to queued, and mark
         workers silent for `worker_ttl_s` gone."""
+        ...
+
+    # -- metrics ---------------------------------------------------------------------------------------------------
+    async def count_live_jobs(self) -> JobCounts:
+        """Unfinished jobs by state and the ready queue by tenant, through indexes only (for metrics)."""
         ...
 
     # -- wake-up -----------------------------------------------------------------------------------------------------

@@ -302,6 +302,35 @@ class HeartbeatReply:
         return [f for f in held if f.job_id not in self.renewed]
 
 
+@dataclass(frozen=True, slots=True)
+class JobCounts:
+    """Unfinished jobs right now (for metrics): by state, and the ready queue (queued, unclaimed) by tenant.
+
+    Finished jobs are not counted here (that would scan all history); their counters are in the metrics.
+    """
+
+    by_state: Mapping[str, int]
+    ready_by_tenant: Mapping[str, int]
+
+    @property
+    def ready(self) -> int:
+        return sum(self.ready_by_tenant.values())
+
+    @classmethod
+    def from_rows(cls, rows: Sequence[tuple[str, str, int]]) -> JobCounts:
+        """Build from `count_live_jobs` rows: ('ready', tenant, n) | (state, '', n)."""
+        by_state: dict[str, int] = {}
+        ready: dict[str, int] = {}
+        for kind, tenant, n in rows:
+            if not n:
+                continue
+            if kind == "ready":
+                ready[tenant] = ready.get(tenant, 0) + int(n)
+                kind = "queued"
+            by_state[kind] = by_state.get(kind, 0) + int(n)
+        return cls(by_state, ready)
+
+
 @dataclass(slots=True)
 class SweepReport:
     """What one sweep did, by job id."""

@@ -22,7 +22,7 @@ import time
 from collections.abc import Sequence
 
 from tenure.contracts.states import JobState, WorkerState
-from tenure.contracts.types import Claim, Started, SweepReport, WorkerInfo
+from tenure.contracts.types import Claim, JobCounts, Started, SweepReport, WorkerInfo
 from tenure.kernel.blocking import BlockingAdapter
 from tenure.kernel.lag import LagSampler
 from tenure.observability import metrics as m
@@ -62,6 +62,7 @@ class WorkerObserver:
         self._claimed_at: dict[str, float | None] = {}
         self._started_mono: dict[str, float] = {}
         self._shown_state: WorkerState | None = None
+        self._tenants_seen: set[str] = set()
 
     def watch_adapter(self, adapter: BlockingAdapter) -> None:
         """Export an adapter of this worker as `tenure_blocking_*{adapter, role, worker}`."""
@@ -200,6 +201,18 @@ class WorkerObserver:
             log.info("job expired before it started", extra={
                 "job_id": job_id, "state": JobState.EXPIRED.value, "error_code": "deadline_exceeded",
             })
+
+    def jobs_seen(self, counts: JobCounts) -> None:
+        """Export `tenure_jobs{state}` (unfinished states) and `tenure_queue_depth{scope}` (the ready queue:
+        `global` and one scope per tenant) from the store (sweeper holder only)."""
+        for state in (JobState.QUEUED, JobState.SCHEDULED, JobState.RUNNING, JobState.WAITING):
+            m.JOBS.labels(state.value).set(counts.by_state.get(state.value, 0))
+        m.QUEUE_DEPTH.labels("global").set(counts.ready)
+        for tenant in self._tenants_seen - set(counts.ready_by_tenant):
+            m.QUEUE_DEPTH.labels(tenant).set(0)
+        for tenant, n in counts.ready_by_tenant.items():
+            m.QUEUE_DEPTH.labels(tenant).set(n)
+        self._tenants_seen |= set(counts.ready_by_tenant)
 
     def registry_seen(self, workers: Sequence[WorkerInfo]) -> None:
         """Export `tenure_workers{state}` from the registry (sweeper holder only, so one process says it)."""

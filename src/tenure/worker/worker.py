@@ -583,6 +583,7 @@ class Worker:
         if now - self._registry_exported_at >= 5.0:
             self._registry_exported_at = now
             self._obs.registry_seen(await self.store.list_workers(include_gone=True))
+            self._obs.jobs_seen(await self.store.count_live_jobs())
 
     async def _leave(self) -> None:
         self.state = WorkerState.GONE

@@ -359,3 +359,12 @@ SELECT holder FROM leases WHERE key = $1 AND expires_at > now() ORDER BY holder
 -- name: server_time --
 -- The server's clock.
 SELECT extract(epoch FROM clock_timestamp())::float8
+
+-- name: count_live_jobs --
+-- Unfinished jobs as (state, tenant, count) through the partial indexes only, never a scan of history:
+-- the ready queue (queued, unclaimed) per tenant, owned jobs by state (tenant ''), scheduled retries.
+SELECT 'ready' AS kind, tenant, count(*) FROM jobs WHERE state = 'queued' AND owner IS NULL GROUP BY tenant
+UNION ALL
+SELECT state, '', count(*) FROM jobs WHERE owner IS NOT NULL GROUP BY state
+UNION ALL
+SELECT 'scheduled', '', count(*) FROM jobs WHERE state = 'scheduled'

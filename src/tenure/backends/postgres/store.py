@@ -37,6 +37,7 @@ from tenure.contracts.types import (
     Finish,
     HeartbeatReply,
     Job,
+    JobCounts,
     JobFilter,
     NewEvent,
     NewJob,
@@ -429,6 +430,12 @@ class PostgresStore:
             report.due = [r[0] for r in await conn.fetch(Q["sweep_due"])]
             report.workers_gone = [r[0] for r in await conn.fetch(Q["sweep_workers_gone"], worker_ttl_s)]
         return report
+
+    # -- metrics -----------------------------------------------------------------------------------------------------
+    async def count_live_jobs(self) -> JobCounts:
+        async with self._conn("count_live_jobs") as conn:
+            rows = await conn.fetch(Q["count_live_jobs"])
+        return JobCounts.from_rows([(r[0], r[1], r[2]) for r in rows])
 
     # -- wake-up ----------------------------------------------------------------------------------------------------
     def _on_notify(self, *_: object) -> None:

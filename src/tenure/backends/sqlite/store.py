@@ -41,6 +41,7 @@ from tenure.contracts.types import (
     Finish,
     HeartbeatReply,
     Job,
+    JobCounts,
     JobFilter,
     NewEvent,
     NewJob,
@@ -511,6 +512,11 @@ class SqliteStore:
         if report.released or report.requeued or report.due:
             self._wake.set()
         return report
+
+    # -- metrics -----------------------------------------------------------------------------------------------------
+    async def count_live_jobs(self) -> JobCounts:
+        rows = await self._run(lambda: self._read(lambda db: db.execute(Q["count_live_jobs"]).fetchall()), "count")
+        return JobCounts.from_rows(rows)
 
     # -- wake-up ----------------------------------------------------------------------------------------------------
     def _data_version(self) -> int:
