@@ -7,6 +7,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import signal
 import sys
 import time
@@ -159,6 +160,8 @@ async def _serve_worker_metrics(
     from tenure.observability.exposition import MetricsServer
 
     unwatch = metrics.watch_adapter(store.offload, "worker", worker.id) if hasattr(store, "offload") else None
+    # Multiprocess mode (`tenure up`): the scrape happens elsewhere, so copy watched numbers every second.
+    stop_refresher = metrics.start_refresher() if os.environ.get("PROMETHEUS_MULTIPROC_DIR") else None
     server: MetricsServer | None = None
     if port is not None:
         server = MetricsServer(host, port)
@@ -166,6 +169,8 @@ async def _serve_worker_metrics(
         log.info("metrics on http://%s:%d/metrics", host, bound, extra={"worker_id": worker.id})
 
     async def stop() -> None:
+        if stop_refresher is not None:
+            stop_refresher()
         if unwatch is not None:
             unwatch()
         if server is not None:

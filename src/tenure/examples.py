@@ -73,7 +73,8 @@ def _blocking_io(seconds: float) -> float:
 async def blocking(ctx: Context, input: Any) -> dict[str, Any]:
     """Do `seconds` of sync I/O through the bounded adapter (ctx.to_thread), never on the event loop."""
     seconds = float(_arg(input, "seconds", 0.2))
-    done = await ctx.to_thread(_blocking_io, seconds)
+    async with ctx.external("tool"):  # timed as tenure_external_seconds{agent="blocking", kind="tool"}
+        done = await ctx.to_thread(_blocking_io, seconds)
     return {"blocked_s": done}
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -46,6 +47,8 @@ async def observe_event_loop(
         on_sample=metrics.lag_sample_recorder(role, name), on_stall=metrics.stall_recorder(role, name),
     )
     unwatch = metrics.watch_lag(sampler, role, name)
+    # Multiprocess mode (`tenure up`): the scrape happens elsewhere, so copy watched numbers every second.
+    stop_refresher = metrics.start_refresher() if os.environ.get("PROMETHEUS_MULTIPROC_DIR") else None
     server: MetricsServer | None = None
     try:
         if metrics_port is not None:
@@ -59,6 +62,8 @@ async def observe_event_loop(
             finally:
                 task.cancel()
     finally:
+        if stop_refresher is not None:
+            stop_refresher()
         unwatch()
         if server is not None:
             await asyncio.to_thread(server.stop)
