@@ -164,3 +164,30 @@ async def test_observe_event_loop_is_the_gateways_one_call_lag_setup() -> None:
     assert REGISTRY.get_sample_value(
         "tenure_loop_stalls_total", {"role": "gateway", "worker": "g-test"}
     ) >= 1  # type: ignore[operator]
+
+
+def test_the_workers_gauge_counts_lost_workers_as_gone_but_not_drained_ones() -> None:
+    from prometheus_client import REGISTRY
+
+    from tenure.contracts.types import SweepReport, WorkerInfo
+
+    obs = WorkerObserver("w-registry", heartbeat_s=1, lag_interval_s=0.05, stall_threshold_s=0.1,
+                         degraded_lag_s=0.5, degraded_for_s=2.0)
+    live = [WorkerInfo("a", "h", 1, 1, ()), WorkerInfo("b", "h", 2, 1, (), state=WorkerState.DEGRADED)]
+    obs.registry_seen([*live, WorkerInfo("drained", "h", 3, 1, (), state=WorkerState.GONE)])
+    assert REGISTRY.get_sample_value("tenure_workers", {"state": "gone"}) == 0
+    assert REGISTRY.get_sample_value("tenure_workers", {"state": "degraded"}) == 1
+    obs.swept(SweepReport(workers_gone=["silent"]))
+    obs.registry_seen(live)
+    assert REGISTRY.get_sample_value("tenure_workers", {"state": "gone"}) == 1
+    assert REGISTRY.get_sample_value("tenure_workers", {"state": "active"}) == 1
+    obs.close()
+
+
+def test_a_worker_config_refuses_a_claim_ttl_under_three_heartbeats() -> None:
+    from tenure.contracts.errors import ConfigError
+    from tenure.worker import WorkerConfig
+
+    WorkerConfig(heartbeat_s=0.1, claim_ttl_s=0.3)  # exactly three (despite 3 * 0.1 > 0.3 in floats)
+    with pytest.raises(ConfigError, match="3 heartbeats"):
+        WorkerConfig(heartbeat_s=1.0, claim_ttl_s=2.5)

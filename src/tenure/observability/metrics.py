@@ -106,8 +106,12 @@ QUEUE_CAPACITY = Gauge(
     multiprocess_mode="livemax",
 )
 WORKERS = Gauge(
-    "tenure_workers", "Registered workers by state, as the registry sees them", ["state"],
-    multiprocess_mode="livemax",
+    "tenure_workers",
+    "Workers by state: live ones from the registry; gone = lost (silent, not drained) in the last 10 min",
+    ["state"], multiprocess_mode="livemax",
+)
+WORKERS_LOST = Counter(
+    "tenure_workers_lost_total", "Workers the sweeper marked gone because their heartbeats stopped"
 )
 
 # -- quotas and circuit breakers (defined here, fed by the quota and gateway code) --------------------------

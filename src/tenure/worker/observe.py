@@ -17,6 +17,7 @@ Kept apart from `worker.py` so that file only calls a few hooks (`claimed`, `sta
 
 from __future__ import annotations
 
+import collections
 import logging
 import time
 from collections.abc import Sequence
@@ -30,6 +31,7 @@ from tenure.observability import metrics as m
 log = logging.getLogger("tenure.worker")
 
 ROLE = "worker"
+LOST_WINDOW_S = 600.0
 
 
 class WorkerObserver:
@@ -63,6 +65,7 @@ class WorkerObserver:
         self._started_mono: dict[str, float] = {}
         self._shown_state: WorkerState | None = None
         self._tenants_seen: set[str] = set()
+        self._lost_workers: collections.deque[float] = collections.deque()
 
     def watch_adapter(self, adapter: BlockingAdapter) -> None:
         """Export an adapter of this worker as `tenure_blocking_*{adapter, role, worker}`."""
@@ -196,6 +199,12 @@ class WorkerObserver:
             log.warning("job dead: owner lost on its last attempt", extra={
                 "job_id": job_id, "state": JobState.DEAD.value, "error_code": "owner_lost",
             })
+        for worker_id in report.workers_gone:
+            self._lost_workers.append(time.monotonic())
+            m.WORKERS_LOST.inc()
+            log.warning("worker lost: no heartbeat for two claim TTLs", extra={
+                "worker_id": worker_id, "state": WorkerState.GONE.value,
+            })
         for job_id in report.expired:
             m.JOBS_FINISHED.labels("", JobState.EXPIRED.value).inc()
             log.info("job expired before it started", extra={
@@ -215,9 +224,17 @@ class WorkerObserver:
         self._tenants_seen |= set(counts.ready_by_tenant)
 
     def registry_seen(self, workers: Sequence[WorkerInfo]) -> None:
-        """Export `tenure_workers{state}` from the registry (sweeper holder only, so one process says it)."""
+        """Export `tenure_workers{state}` (sweeper holder only, so one process says it): live workers by
+        state from the registry, and as `gone` the workers *lost* (swept for silence, not drained) in the
+        last `LOST_WINDOW_S`. The registry alone cannot tell: a worker that drained and left is `gone`
+        too, and counting every past incarnation would make `TenureWorkersLost` fire after each deploy."""
         counts = {s.value: 0 for s in WorkerState}
         for w in workers:
-            counts[w.state.value] += 1
+            if w.state is not WorkerState.GONE:
+                counts[w.state.value] += 1
+        horizon = time.monotonic() - LOST_WINDOW_S
+        while self._lost_workers and self._lost_workers[0] < horizon:
+            self._lost_workers.popleft()
+        counts[WorkerState.GONE.value] = len(self._lost_workers)
         for state, n in counts.items():
             m.WORKERS.labels(state).set(n)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from tenure.contracts.errors import (
+    ConfigError,
     JobCancelled,
     OwnershipLost,
     PermanentError,
@@ -81,6 +82,14 @@ class WorkerConfig:
     stall_threshold_s: float = 0.25
     degraded_lag_s: float = 0.5
     degraded_for_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        # The same rule as settings.py, for workers built from Python: a heartbeat that is late once (a
+        # busy loop, a slow round trip) must not cost the claims. The tolerance absorbs 3 * 0.1 != 0.3.
+        if self.claim_ttl_s < 3 * self.heartbeat_s - 1e-9:
+            raise ConfigError(
+                f"claim_ttl_s ({self.claim_ttl_s:g}) must be at least 3 heartbeats (3 x {self.heartbeat_s:g})"
+            )
 
     @property
     def worker_ttl_s(self) -> float:
@@ -582,7 +591,7 @@ class Worker:
         now = time.monotonic()
         if now - self._registry_exported_at >= 5.0:
             self._registry_exported_at = now
-            self._obs.registry_seen(await self.store.list_workers(include_gone=True))
+            self._obs.registry_seen(await self.store.list_workers(include_gone=False))
             self._obs.jobs_seen(await self.store.count_live_jobs())
 
     async def _leave(self) -> None:
