@@ -242,7 +242,9 @@ async def test_metrics_of_a_mixed_run_are_served_at_slash_metrics_with_their_lab
     assert value(s, "tenure_heartbeat_lateness_seconds_count", worker=worker_id) > 0
     assert value(s, "tenure_worker_state", worker=worker_id, state="active") == 1
     assert value(s, "tenure_workers", state="active") >= 1
-    assert value(s, "tenure_queue_depth", scope="global") == 0 and has(s, "tenure_jobs", state="running")
+    # store-wide gauges, exported every few seconds by the sweeper holder (so maybe from mid-run)
+    assert 0 <= value(s, "tenure_queue_depth", scope="global") <= len(ids)
+    assert has(s, "tenure_jobs", state="running") and has(s, "tenure_jobs", state="queued")
     # blocking adapters: the worker's, and on SQLite the store's connection thread (bound 1)
     assert value(s, "tenure_blocking_max_in_flight", adapter="worker", role="worker", worker=worker_id) >= 1
     assert value(s, "tenure_blocking_completed_total", adapter="worker", worker=worker_id) >= 1
