@@ -31,11 +31,10 @@ services:
 	scripts/ensure-services.sh
 
 lint: dev
-	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/ruff check src tests
 	$(VENV)/bin/mypy
-	$(VENV)/bin/lint-imports
 
-test: dev services
+test: dev services lint
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 bench: dev services

@@ -77,7 +77,7 @@ def _read_input(text: str) -> Any:
         raise InvalidRequest(f"{source} is not valid JSON: {exc}") from exc
 
 
-# -- commands ---------------------------------------------------------------------------------------------------------
+# -- commands ----------------------------------------------------------------------------------------------
 async def cmd_migrate(args: argparse.Namespace) -> int:
     store = await open_store(_settings(args), migrate=False)
     try:
@@ -90,8 +90,8 @@ async def cmd_migrate(args: argparse.Namespace) -> int:
 
 
 async def cmd_worker(args: argparse.Namespace) -> int:
-    from tenure.worker import Worker, WorkerConfig
     from tenure.backends.sqlite import SqliteStore
+    from tenure.worker import Worker, WorkerConfig
     from tenure.worker.faults import Faults, stop_self
 
     settings = _settings(
@@ -238,7 +238,7 @@ async def cmd_workers(args: argparse.Namespace) -> int:
     return await _with_client(args, go)
 
 
-# -- parser -------------------------------------------------------------------------------------------------------------
+# -- parser ------------------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="tenure",
@@ -339,7 +339,8 @@ def _mock_model(args: argparse.Namespace) -> int:
 
 
 def _explain(exc: BaseException) -> str:
-    parts, seen = [], set()
+    parts: list[str] = []
+    seen: set[int] = set()
     cur: BaseException | None = exc
     while cur is not None and id(cur) not in seen:
         seen.add(id(cur))
@@ -360,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
         _setup_logging(settings_level)
         if args.fn is None:
             return int(args.sync(args))
-        return asyncio.run(args.fn(args))
+        return int(asyncio.run(args.fn(args)))
     except ConfigError as exc:
         print(f"tenure: configuration error: {_explain(exc)}", file=sys.stderr)
         return 2

@@ -129,9 +129,9 @@ class _Writer:
                 if events:
                     for job_id in await self._store.append_events(events):
                         self._on_rejected(job_id)
-                for fut in flushes:
-                    if not fut.done():
-                        fut.set_result(None)
+                for flushed in flushes:
+                    if not flushed.done():
+                        flushed.set_result(None)
                 if finishes:
                     done = set(await self._store.finish(self._worker_id, [f for f, _ in finishes]))
                     for f, fut in finishes:
@@ -174,7 +174,7 @@ class _Execution:
         self.usage: dict[str, float] = {}
         self.task: asyncio.Task[None] | None = None
 
-    # -- ExecutionPort -------------------------------------------------------------------------------------------
+    # -- ExecutionPort --------------------------------------------------------------------------------------
     def check(self) -> None:
         if self.lost:
             raise OwnershipLost(f"job {self.fence.job_id} is no longer owned by epoch {self.fence.epoch}")
@@ -245,7 +245,7 @@ class Worker:
         self._executions: asyncio.TaskGroup | None = None
         self.finished = 0
 
-    # -- public -----------------------------------------------------------------------------------------------------
+    # -- public ---------------------------------------------------------------------------------------------
     def info(self) -> WorkerInfo:
         return WorkerInfo(
             id=self.id, host=self.host, pid=os.getpid(), concurrency=self.config.concurrency,
@@ -273,7 +273,7 @@ class Worker:
             heartbeat.cancel()
         await self._leave()
 
-    # -- claiming -----------------------------------------------------------------------------------------------------
+    # -- claiming -------------------------------------------------------------------------------------------
     async def _claim_loop(self) -> None:
         cfg = self.config
         while not self._stopping.is_set():
@@ -299,12 +299,12 @@ class Worker:
                 return  # draining: these claims stay unstarted and are released by _drain
             await self._start(claims)
 
-    async def _wait_any(self, aw: Any, timeout: float) -> None:
-        """Wait for `aw` or for stop, at most `timeout` seconds."""
+    async def _wait_any(self, aw: Any, wait_s: float) -> None:
+        """Wait for `aw` or for stop, at most `wait_s` seconds."""
         waiter = asyncio.ensure_future(aw)
         stopper = asyncio.ensure_future(self._stopping.wait())
         try:
-            await asyncio.wait({waiter, stopper}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({waiter, stopper}, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED)
         finally:
             for t in (waiter, stopper):
                 t.cancel()
@@ -343,7 +343,7 @@ class Worker:
         self._busy -= 1
         self._slot_freed.set()
 
-    # -- executing ---------------------------------------------------------------------------------------------------
+    # -- executing ------------------------------------------------------------------------------------------
     async def _execute(self, ex: _Execution) -> None:
         claim, agent = ex.claim, ex.agent
         ctx = Context(
@@ -456,7 +456,7 @@ class Worker:
             )
         return await self._process_adapter.run(fn, *args, **kwargs)
 
-    # -- heartbeat -----------------------------------------------------------------------------------------------------
+    # -- heartbeat ------------------------------------------------------------------------------------------
     def _held_fences(self) -> list[Fence]:
         return [c.fence for c in self._claimed.values()] + [e.fence for e in self._running.values()]
 
@@ -488,7 +488,7 @@ class Worker:
         for job_id in reply.cancel_requested:
             self._cancel(job_id)
 
-    # -- sweeper duty ---------------------------------------------------------------------------------------------------
+    # -- sweeper duty ---------------------------------------------------------------------------------------
     async def _sweeper_loop(self) -> None:
         cfg = self.config
         duty = self.leases or _store_leases(self.store)
@@ -502,7 +502,7 @@ class Worker:
                 log.warning("sweep failed: %s", exc)
             await asyncio.sleep(cfg.sweep_interval_s)
 
-    # -- shutdown --------------------------------------------------------------------------------------------------------
+    # -- shutdown -------------------------------------------------------------------------------------------
     async def _drain(self, claimer: asyncio.Task[None]) -> None:
         self._stopping.set()
         self.state = WorkerState.DRAINING
