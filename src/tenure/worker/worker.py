@@ -155,7 +155,8 @@ class _Execution:
     """One started execution: its fence, its event sequence, and the port its Context writes through."""
 
     __slots__ = (
-        "agent", "attempt", "cancel_requested", "claim", "execution_id", "fence", "lost", "seq", "started_at",
+        "agent", "attempt", "cancel_requested", "claim", "execution_id", "fence", "finishing", "lost", "seq",
+        "started_at",
         "task", "unwritten", "usage", "worker",
     )
 
@@ -169,6 +170,7 @@ class _Execution:
         self.attempt = started.attempt
         self.seq = 1  # seq 1 is execution.started, written by the start CAS
         self.lost = False
+        self.finishing = False
         self.cancel_requested = False
         self.unwritten = 0
         self.usage: dict[str, float] = {}
@@ -321,7 +323,8 @@ class Worker:
             started = []
         by_job = {s.fence.job_id: s for s in started}
         for c in claims:
-            self._claimed.pop(c.fence.job_id, None)
+            # A claim given up meanwhile (heartbeat said lost, or self-fencing) already freed its slot.
+            still_held = self._claimed.pop(c.fence.job_id, None) is not None
             s = by_job.get(c.fence.job_id)
             agent = self.app.get(c.agent)
             if s is None or agent is None:
@@ -330,8 +333,11 @@ class Worker:
                         "start CAS for job %s (epoch %d) matched no row: the claim was lost before it started",
                         c.fence.job_id, c.fence.epoch,
                     )
-                self._free_slot()
+                if still_held:
+                    self._free_slot()
                 continue
+            if not still_held:
+                self._busy += 1  # given up too early: the start CAS matched, so the job is ours after all
             ex = _Execution(self, c, s, agent)
             self._running[c.fence.job_id] = ex
             assert self._executions is not None
@@ -397,6 +403,9 @@ class Worker:
             slot_held = False
             if ex.lost:
                 return
+            # From here the finish CAS is the fence: a heartbeat that races it and no longer finds the claim
+            # (because the finish just committed) must not cancel us.
+            ex.finishing = True
             await self.faults.hit("before_finish", {claim.agent})
             matched = await self._writer.finish(finish)
             if not matched and not ex.lost:
@@ -433,7 +442,7 @@ class Worker:
             log.warning("claim of job %s was lost before it started", job_id)
             return
         ex = self._running.get(job_id)
-        if ex is None or ex.lost:
+        if ex is None or ex.lost or ex.finishing:
             return
         ex.lost = True
         log.warning("job %s: ownership lost (epoch %d); stopping its execution", job_id, ex.fence.epoch)
