@@ -35,11 +35,10 @@ tools:
 	scripts/ensure-tools.sh
 
 lint: dev
-	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/ruff check src tests
 	$(VENV)/bin/mypy
-	$(VENV)/bin/lint-imports
 
-test: dev services tools
+test: dev services tools lint
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 bench: dev services

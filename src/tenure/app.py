@@ -19,9 +19,9 @@ from typing import Any
 from tenure.backends.postgres import PostgresStore
 from tenure.backends.sqlite import SqliteStore
 from tenure.contracts.errors import ConfigError, NotFound
+from tenure.contracts.states import JobState
 from tenure.contracts.store import Store
 from tenure.contracts.types import Event, Job, JobFilter, WorkerInfo, parse_cursor
-from tenure.contracts.states import JobState
 from tenure.control.admission import Admission, AdmissionLimits, JobRequest
 from tenure.kernel.registry import Tenure
 from tenure.settings import Settings

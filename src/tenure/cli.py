@@ -77,7 +77,7 @@ def _read_input(text: str) -> Any:
         raise InvalidRequest(f"{source} is not valid JSON: {exc}") from exc
 
 
-# -- commands ---------------------------------------------------------------------------------------------------------
+# -- commands ----------------------------------------------------------------------------------------------
 async def cmd_migrate(args: argparse.Namespace) -> int:
     store = await open_store(_settings(args), migrate=False)
     try:
@@ -90,8 +90,8 @@ async def cmd_migrate(args: argparse.Namespace) -> int:
 
 
 async def cmd_worker(args: argparse.Namespace) -> int:
-    from tenure.worker import Worker, WorkerConfig
     from tenure.backends.sqlite import SqliteStore
+    from tenure.worker import Worker, WorkerConfig
     from tenure.worker.faults import Faults, stop_self
 
     settings = _settings(
@@ -300,7 +300,7 @@ async def cmd_doctor(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
-# -- parser -------------------------------------------------------------------------------------------------------------
+# -- parser ------------------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="tenure",
@@ -409,7 +409,8 @@ def _mock_model(args: argparse.Namespace) -> int:
 
 
 def _explain(exc: BaseException) -> str:
-    parts, seen = [], set()
+    parts: list[str] = []
+    seen: set[int] = set()
     cur: BaseException | None = exc
     while cur is not None and id(cur) not in seen:
         seen.add(id(cur))
@@ -430,7 +431,7 @@ def main(argv: list[str] | None = None) -> int:
         _setup_logging(args.log_level or env_settings.log_level, env_settings.log_format)
         if args.fn is None:
             return int(args.sync(args))
-        return asyncio.run(args.fn(args))
+        return int(asyncio.run(args.fn(args)))
     except ConfigError as exc:
         print(f"tenure: configuration error: {_explain(exc)}", file=sys.stderr)
         return 2

@@ -40,7 +40,7 @@ class WorkerProc:
         full_env.update(FAST)
         full_env.update({"TENURE_DATABASE_URL": database_url, "PYTHONPATH": str(ROOT)})
         full_env.update(env or {})
-        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
             [PYTHON, "-m", "tenure.cli", "worker", "--app", app, "--concurrency", str(concurrency), *args],
             env=full_env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT,
@@ -71,14 +71,14 @@ class WorkerProc:
         self._log.close()
 
 
-async def eventually(check: Callable[[], Awaitable[T | None]], timeout: float, what: str,
+async def eventually(check: Callable[[], Awaitable[T | None]], within_s: float, what: str,
                      interval: float = 0.05) -> T:
-    """Poll `check` until it returns something truthy; fail with `what` after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
+    """Poll `check` until it returns something truthy; fail with `what` after `within_s` seconds."""
+    deadline = time.monotonic() + within_s
     while True:
         value = await check()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+            raise AssertionError(f"timed out after {within_s}s waiting for {what}")
         await asyncio.sleep(interval)

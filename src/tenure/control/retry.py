@@ -10,4 +10,4 @@ def backoff_s(attempt: int, base_s: float = 1.0, cap_s: float = 300.0, rng: rand
     (half fixed, half random) so the delay grows but never collapses to zero."""
     delay = min(cap_s, base_s * (2 ** max(0, attempt - 1)))
     r = rng or random
-    return delay / 2 + r.uniform(0, delay / 2)
+    return float(delay / 2 + r.uniform(0, delay / 2))

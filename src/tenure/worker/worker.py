@@ -145,9 +145,9 @@ class _Writer:
                 if events:
                     for job_id in await self._store.append_events(events):
                         self._on_rejected(job_id)
-                for fut in flushes:
-                    if not fut.done():
-                        fut.set_result(None)
+                for flushed in flushes:
+                    if not flushed.done():
+                        flushed.set_result(None)
                 if finishes:
                     done = set(await self._store.finish(self._worker_id, [f for f, _ in finishes]))
                     for f, fut in finishes:
@@ -171,7 +171,8 @@ class _Execution:
     """One started execution: its fence, its event sequence, and the port its Context writes through."""
 
     __slots__ = (
-        "agent", "attempt", "cancel_requested", "claim", "execution_id", "fence", "lost", "seq", "started_at",
+        "agent", "attempt", "cancel_requested", "claim", "execution_id", "fence", "finishing", "lost", "seq",
+        "started_at",
         "task", "unwritten", "usage", "worker",
     )
 
@@ -185,12 +186,13 @@ class _Execution:
         self.attempt = started.attempt
         self.seq = 1  # seq 1 is execution.started, written by the start CAS
         self.lost = False
+        self.finishing = False
         self.cancel_requested = False
         self.unwritten = 0
         self.usage: dict[str, float] = {}
         self.task: asyncio.Task[None] | None = None
 
-    # -- ExecutionPort -------------------------------------------------------------------------------------------
+    # -- ExecutionPort --------------------------------------------------------------------------------------
     def check(self) -> None:
         if self.lost:
             raise OwnershipLost(f"job {self.fence.job_id} is no longer owned by epoch {self.fence.epoch}")
@@ -273,7 +275,7 @@ class Worker:
         self._obs.watch_adapter(self._adapter)
         self._registry_exported_at = 0.0
 
-    # -- public -----------------------------------------------------------------------------------------------------
+    # -- public ---------------------------------------------------------------------------------------------
     def info(self) -> WorkerInfo:
         return WorkerInfo(
             id=self.id, host=self.host, pid=os.getpid(), concurrency=self.config.concurrency,
@@ -303,7 +305,7 @@ class Worker:
             lag_sampler.cancel()
         await self._leave()
 
-    # -- claiming -----------------------------------------------------------------------------------------------------
+    # -- claiming -------------------------------------------------------------------------------------------
     async def _claim_loop(self) -> None:
         cfg = self.config
         while not self._stopping.is_set():
@@ -331,12 +333,12 @@ class Worker:
                 return  # draining: these claims stay unstarted and are released by _drain
             await self._start(claims)
 
-    async def _wait_any(self, aw: Any, timeout: float) -> None:
-        """Wait for `aw` or for stop, at most `timeout` seconds."""
+    async def _wait_any(self, aw: Any, wait_s: float) -> None:
+        """Wait for `aw` or for stop, at most `wait_s` seconds."""
         waiter = asyncio.ensure_future(aw)
         stopper = asyncio.ensure_future(self._stopping.wait())
         try:
-            await asyncio.wait({waiter, stopper}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({waiter, stopper}, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED)
         finally:
             for t in (waiter, stopper):
                 t.cancel()
@@ -353,7 +355,8 @@ class Worker:
             started = []
         by_job = {s.fence.job_id: s for s in started}
         for c in claims:
-            self._claimed.pop(c.fence.job_id, None)
+            # A claim given up meanwhile (heartbeat said lost, or self-fencing) already freed its slot.
+            still_held = self._claimed.pop(c.fence.job_id, None) is not None
             s = by_job.get(c.fence.job_id)
             agent = self.app.get(c.agent)
             self._obs.started(c, s)
@@ -363,8 +366,11 @@ class Worker:
                         "start CAS for job %s (epoch %d) matched no row: the claim was lost before it started",
                         c.fence.job_id, c.fence.epoch,
                     )
-                self._free_slot()
+                if still_held:
+                    self._free_slot()
                 continue
+            if not still_held:
+                self._busy += 1  # given up too early: the start CAS matched, so the job is ours after all
             ex = _Execution(self, c, s, agent)
             self._running[c.fence.job_id] = ex
             assert self._executions is not None
@@ -376,7 +382,7 @@ class Worker:
         self._busy -= 1
         self._slot_freed.set()
 
-    # -- executing ---------------------------------------------------------------------------------------------------
+    # -- executing ------------------------------------------------------------------------------------------
     async def _execute(self, ex: _Execution) -> None:
         claim, agent = ex.claim, ex.agent
         began = time.monotonic()
@@ -435,6 +441,9 @@ class Worker:
             slot_held = False
             if ex.lost:
                 return
+            # From here the finish CAS is the fence: a heartbeat that races it and no longer finds the claim
+            # (because the finish just committed) must not cancel us.
+            ex.finishing = True
             await self.faults.hit("before_finish", {claim.agent})
             matched = await self._writer.finish(finish)
             self._obs.finished(
@@ -474,7 +483,7 @@ class Worker:
             log.warning("claim of job %s was lost before it started", job_id)
             return
         ex = self._running.get(job_id)
-        if ex is None or ex.lost:
+        if ex is None or ex.lost or ex.finishing:
             return
         ex.lost = True
         log.warning(
@@ -501,7 +510,7 @@ class Worker:
             )
         return await self._process_adapter.run(fn, *args, **kwargs)
 
-    # -- heartbeat -----------------------------------------------------------------------------------------------------
+    # -- heartbeat ------------------------------------------------------------------------------------------
     def _held_fences(self) -> list[Fence]:
         return [c.fence for c in self._claimed.values()] + [e.fence for e in self._running.values()]
 
@@ -545,7 +554,7 @@ class Worker:
         for job_id in reply.cancel_requested:
             self._cancel(job_id)
 
-    # -- sweeper duty ---------------------------------------------------------------------------------------------------
+    # -- sweeper duty ---------------------------------------------------------------------------------------
     async def _sweeper_loop(self) -> None:
         cfg = self.config
         duty = self.leases or _store_leases(self.store)
@@ -561,7 +570,7 @@ class Worker:
                 log.warning("sweep failed: %s", exc)
             await asyncio.sleep(cfg.sweep_interval_s)
 
-    # -- shutdown --------------------------------------------------------------------------------------------------------
+    # -- shutdown -------------------------------------------------------------------------------------------
     async def _drain(self, claimer: asyncio.Task[None]) -> None:
         self._stopping.set()
         self.state = WorkerState.DRAINING

@@ -5,6 +5,12 @@ writers take turns across processes and each conditional update sees one consist
 block, so each store owns one connection on one dedicated thread and runs a whole transaction per hop:
 the event loop never waits on the database.
 
+Writers queue for SQLite's lock on a sidecar file (`<db>-tenure-lock`, `flock`) before `BEGIN IMMEDIATE`:
+the kernel hands the lock over the moment it is released. Left to SQLite's busy handler, a waiting writer
+sleeps 1, 2, 5, 10, ... 100 ms between attempts and the lock sits idle or goes back to the process that just
+released it (measured with two workers: 0.5 ms vs 1.9 ms mean wait, one worker doing two thirds of the work).
+`busy_timeout` stays as the fallback for writers that do not take the sidecar lock.
+
 Wake-up is adaptive polling: a waiting worker checks `PRAGMA data_version` (which changes when another
 connection commits) every few milliseconds after activity, backing off while idle.
 """
@@ -14,12 +20,18 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
+
+try:
+    import fcntl
+except ImportError:  # not on POSIX: SQLite's busy handler alone orders the writers
+    fcntl = None  # type: ignore[assignment]
 
 from tenure.backends._queries import load_migrations, load_queries
 from tenure.contracts.errors import (
@@ -136,6 +148,7 @@ class SqliteStore:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tenure-sqlite")
         self.offload = ConnectionThread()
         self._db: sqlite3.Connection | None = None
+        self._lock_fd: int | None = None  # the sidecar writer lock, see the module docstring
         self._seen_version = -1
         self._wake = asyncio.Event()
         self._closed = False
@@ -155,6 +168,8 @@ class SqliteStore:
         db.execute("PRAGMA journal_mode = WAL")
         db.execute(f"PRAGMA synchronous = {self._synchronous}")
         db.execute("PRAGMA busy_timeout = 30000")
+        if fcntl is not None:
+            self._lock_fd = os.open(self._path + "-tenure-lock", os.O_RDWR | os.O_CREAT, 0o644)
         self._db = db
 
     async def _run(self, fn: Callable[[], T], what: str = "query") -> T:
@@ -173,18 +188,33 @@ class SqliteStore:
         mid-transaction would stall every writer on the machine until it resumes)."""
         return await self._run(fn, "run_between_transactions")
 
-    def _tx(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        """Run `fn` in one write transaction on the connection thread."""
+    def _tx(self, fn: Callable[[sqlite3.Connection], T], durable: bool = True) -> T:
+        """Run `fn` in one write transaction on the connection thread. `durable=False` (claims only) commits
+        without waiting for the WAL fsync when `synchronous` is FULL, like the PostgreSQL claim connection's
+        `synchronous_commit = off`: the WAL is written in order, so the claim becomes durable with the next
+        synchronous commit of any connection at the latest, the start CAS among them; a claim lost in a power
+        cut is harmless (its worker is gone too, and the job is simply unclaimed)."""
         db = self._db
         assert db is not None
-        db.execute("BEGIN IMMEDIATE")
+        relaxed = not durable and self._synchronous == "FULL"
+        if relaxed:
+            db.execute("PRAGMA synchronous = NORMAL")
+        if self._lock_fd is not None:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
         try:
-            out = fn(db)
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        db.execute("COMMIT")
-        return out
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                out = fn(db)
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+            return out
+        finally:
+            if self._lock_fd is not None:
+                fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+            if relaxed:
+                db.execute(f"PRAGMA synchronous = {self._synchronous}")
 
     def _read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         db = self._db
@@ -199,12 +229,15 @@ class SqliteStore:
             if self._db is not None:
                 self._db.close()
                 self._db = None
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)
+                self._lock_fd = None
 
         await asyncio.get_running_loop().run_in_executor(self._executor, _close)
         self._closed = True
         self._executor.shutdown(wait=False)
 
-    # -- lifecycle ---------------------------------------------------------------------------------------------
+    # -- lifecycle ------------------------------------------------------------------------------------------
     async def schema_version(self) -> int:
         def fn(db: sqlite3.Connection) -> int:
             row = db.execute("SELECT name FROM sqlite_master WHERE name = 'tenure_migrations'").fetchone()
@@ -254,7 +287,7 @@ class SqliteStore:
     async def server_time(self) -> float:
         return await self._run(lambda: float(self._read(lambda db: db.execute(Q["server_time"]).fetchone()[0])))
 
-    # -- admission ---------------------------------------------------------------------------------------------
+    # -- admission ------------------------------------------------------------------------------------------
     async def enqueue(self, jobs: Sequence[NewJob]) -> list[Enqueued]:
         if not jobs:
             return []
@@ -309,7 +342,7 @@ class SqliteStore:
         self._wake.set()
         return job
 
-    # -- ownership -----------------------------------------------------------------------------------------------
+    # -- ownership ------------------------------------------------------------------------------------------
     async def claim(
         self, worker_id: str, agents: Sequence[str], capabilities: Sequence[str], limit: int, ttl_s: float
     ) -> list[Claim]:
@@ -324,7 +357,7 @@ class SqliteStore:
             # Probe without the write lock first: an idle poll must not queue behind busy writers.
             if db.execute(Q["has_claimable"]).fetchone() is None:
                 return []
-            return self._tx(lambda db: db.execute(Q["claim_jobs"], args).fetchall())
+            return self._tx(lambda db: db.execute(Q["claim_jobs"], args).fetchall(), durable=False)
 
         rows = await self._run(fn, "claim")
         return [
@@ -439,7 +472,7 @@ class SqliteStore:
 
         return await self._run(lambda: self._tx(fn), "heartbeat")
 
-    # -- registry -----------------------------------------------------------------------------------------------
+    # -- registry -------------------------------------------------------------------------------------------
     async def register_worker(self, info: WorkerInfo) -> None:
         args = (info.id, info.host, info.pid, info.concurrency, json.dumps(list(info.agents)),
                 json.dumps(list(info.capabilities)), info.state.value)
@@ -462,7 +495,7 @@ class SqliteStore:
             for r in rows
         ]
 
-    # -- history ------------------------------------------------------------------------------------------------
+    # -- history --------------------------------------------------------------------------------------------
     async def read_events(self, job_id: str, after: tuple[int, int] | None, limit: int) -> list[Event]:
         epoch, seq = after if after is not None else (-1, -1)
         rows = await self._run(
@@ -479,7 +512,7 @@ class SqliteStore:
             for r in rows
         ]
 
-    # -- sweeper ---------------------------------------------------------------------------------------------------
+    # -- sweeper --------------------------------------------------------------------------------------------
     async def sweep(self, worker_ttl_s: float) -> SweepReport:
         def fn(db: sqlite3.Connection) -> SweepReport:
             report = SweepReport()
@@ -544,7 +577,7 @@ class SqliteStore:
                 pass
             interval = min(interval * 2, _POLL_MAX_S)
 
-    # -- leases -------------------------------------------------------------------------------------------------------
+    # -- leases ---------------------------------------------------------------------------------------------
     async def acquire(self, key: str, holder: str, limit: int, ttl_s: float) -> bool:
         def fn(db: sqlite3.Connection) -> bool:
             db.execute(Q["lease_purge"], (key,))

@@ -1,0 +1,50 @@
+from __future__ import annotations
+
+import random
+import uuid
+
+import pytest
+
+from tenure.backends._queries import load_queries
+from tenure.contracts.errors import ConfigError
+from tenure.contracts.types import new_id, parse_cursor
+from tenure.control.retry import backoff_s
+from tenure.worker.faults import Faults
+
+
+def test_ids_are_uuid7_and_strictly_increasing_within_a_process() -> None:
+    ids = [new_id() for _ in range(10_000)]
+    assert ids == sorted(ids) and len(set(ids)) == len(ids)
+    assert uuid.UUID(ids[0]).version == 7
+
+
+def test_cursors_parse_or_raise() -> None:
+    assert parse_cursor("3-17") == (3, 17)
+    for bad in ("", "3", "3-", "-1-2", "a-b", "1-2-3"):
+        with pytest.raises(ValueError):
+            parse_cursor(bad)
+
+
+def test_backoff_grows_exponentially_with_jitter_and_a_cap() -> None:
+    rng = random.Random(7)
+    for attempt, base in ((1, 1.0), (2, 2.0), (3, 4.0)):
+        d = backoff_s(attempt, 1.0, 300.0, rng)
+        assert base / 2 <= d <= base
+    assert backoff_s(30, 1.0, 60.0, rng) <= 60.0
+
+
+def test_every_query_has_a_header_and_a_description() -> None:
+    for dialect in ("postgres", "sqlite"):
+        queries = load_queries(f"tenure.backends.{dialect}")
+        assert len(queries) > 20
+        for name, sql in queries.items():
+            assert sql.startswith("--"), f"{dialect}:{name} lacks its one-line description"
+
+
+def test_fault_rules_parse_and_reject_nonsense() -> None:
+    f = Faults.parse("after_claim=stop, after_start@echo=sleep:1.5")
+    assert [(r.point, r.agent, r.action, r.seconds) for r in f.rules] == [
+        ("after_claim", None, "stop", 0.0), ("after_start", "echo", "sleep", 1.5)]
+    for bad in ("nowhere=stop", "after_claim", "after_claim=explode", "after_claim=sleep:x"):
+        with pytest.raises(ConfigError):
+            Faults.parse(bad)
