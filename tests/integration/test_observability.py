@@ -99,8 +99,10 @@ async def test_seed_000_blocking_on_the_loop_delays_an_unrelated_ticker_and_offl
     url = await metrics_url(w)
     async with connect(APP, sqlite_database_url) as client:
 
-        async def run(blocker: str) -> tuple[float, Samples]:
-            ticker_id = await client.submit("ticker", {"seconds": 2.5, "every": 0.02})
+        async def run(blocker: str, ticker_s: float) -> tuple[float, Samples]:
+            # The ticker outlives the blockers (checked below) but not by much: on a shared machine every
+            # extra second of ticking is one more chance to catch an unrelated scheduling hiccup.
+            ticker_id = await client.submit("ticker", {"seconds": ticker_s, "every": 0.02})
             await eventually(lambda: has_event(client, ticker_id, "ticking"), 20, "the ticker to tick")
             ids = [await client.submit(blocker, {"seconds": 0.2}) for _ in range(4)]
             blockers = await eventually(lambda: all_terminal(client, ids), 20, f"the {blocker} jobs")
@@ -114,8 +116,8 @@ async def test_seed_000_blocking_on_the_loop_delays_an_unrelated_ticker_and_offl
 
         before = await scrape(url)
         worker_id = next(dict(ls)["worker"] for (n, ls) in before if n == "event_loop_lag_max_seconds")
-        late_on_loop, after_a = await run("block_on_loop")
-        late_offloaded, after_b = await run("block_in_thread")
+        late_on_loop, after_a = await run("block_on_loop", 2.0)  # 4 x 0.2 s in a row on the loop
+        late_offloaded, after_b = await run("block_in_thread", 1.2)  # 4 x 0.2 s side by side
 
     # (a) 4 x 200 ms on the loop: the ticker is at least one whole blocking call late, and the lag sampler
     # (histogram, max gauge, stall counter and the WARNING with the stack) caught it.
