@@ -18,7 +18,7 @@ from tenure.app import LocalClient, connect, load_app, open_store
 from tenure.contracts.errors import ConfigError, InvalidRequest, TenureError
 from tenure.contracts.states import JobState
 from tenure.contracts.types import Job
-from tenure.observability.logs import setup_logging
+from tenure.observability.logs import set_process_log_fields, setup_logging
 from tenure.settings import Settings
 
 log = logging.getLogger("tenure.cli")
@@ -131,6 +131,7 @@ async def cmd_worker(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal, sig)
     worker = Worker(store, app, config, faults=faults)
+    set_process_log_fields(role="worker", worker_id=worker.id)  # every line of this process, threads too
     metrics_port = args.metrics_port if args.metrics_port is not None else _metrics_port(settings)
     stop_metrics = await _serve_worker_metrics(worker, store, metrics_port, args.metrics_host)
     try:

@@ -51,6 +51,27 @@ def test_json_logs_are_one_object_per_line_with_the_job_fields(restore_logging: 
     assert "job_id" not in second  # the context ended with the block
 
 
+def test_process_fields_reach_lines_logged_from_threads(restore_logging: None) -> None:
+    import logging
+    import threading
+
+    from tenure.observability import logs
+
+    out = io.StringIO()
+    setup_logging("info", "json", out)
+    saved = dict(logs._process_fields)
+    try:
+        logs.set_process_log_fields(role="worker", worker_id="w-proc")
+        thread = threading.Thread(target=lambda: logging.getLogger("tenure.lag").warning("stall"))
+        thread.start()
+        thread.join()
+    finally:
+        logs._process_fields.clear()
+        logs._process_fields.update(saved)
+    record = json.loads(out.getvalue().splitlines()[0])
+    assert record["worker_id"] == "w-proc" and record["role"] == "worker"
+
+
 def test_console_logs_put_the_known_fields_first_in_a_readable_line(restore_logging: None) -> None:
     import logging
 

@@ -20,7 +20,15 @@ import time
 from collections.abc import Iterator
 from typing import IO, Any
 
-__all__ = ["FIELDS", "ConsoleFormatter", "JsonFormatter", "bind_log_context", "job_context", "setup_logging"]
+__all__ = [
+    "FIELDS",
+    "ConsoleFormatter",
+    "JsonFormatter",
+    "bind_log_context",
+    "job_context",
+    "set_process_log_fields",
+    "setup_logging",
+]
 
 FIELDS = ("job_id", "execution_id", "worker_id", "agent", "state", "epoch", "duration_ms", "error_code")
 # Other `extra` keys the runtime sets (loop stalls, heartbeats); any other extra key is carried too.
@@ -42,13 +50,22 @@ def job_context(**fields: Any) -> Iterator[None]:
         _context.reset(token)
 
 
+_process_fields: dict[str, Any] = {}
+
+
+def set_process_log_fields(**fields: Any) -> None:
+    """Fields every record of this process carries (`role`, `worker_id`), threads included: the lag
+    watchdog and the adapters' threads do not inherit the loop's context variables."""
+    _process_fields.update({k: v for k, v in fields.items() if v is not None})
+
+
 def bind_log_context(**fields: Any) -> None:
     """Like `job_context`, without an end: for a task that handles one job, whose context dies with it."""
     _context.set({**(_context.get() or {}), **{k: v for k, v in fields.items() if v is not None}})
 
 
 def _fields(record: logging.LogRecord) -> dict[str, Any]:
-    out: dict[str, Any] = dict(_context.get() or {})
+    out: dict[str, Any] = {**_process_fields, **(_context.get() or {})}
     for key, value in record.__dict__.items():
         if key not in _STANDARD and not key.startswith("_"):
             out[key] = value
