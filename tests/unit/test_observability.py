@@ -212,3 +212,14 @@ def test_a_worker_config_refuses_a_claim_ttl_under_three_heartbeats() -> None:
     WorkerConfig(heartbeat_s=0.1, claim_ttl_s=0.3)  # exactly three (despite 3 * 0.1 > 0.3 in floats)
     with pytest.raises(ConfigError, match="3 heartbeats"):
         WorkerConfig(heartbeat_s=1.0, claim_ttl_s=2.5)
+
+
+def test_the_observability_settings_are_typed_like_the_others() -> None:
+    from tenure.contracts.errors import ConfigError
+    from tenure.settings import Settings
+
+    s = Settings.from_env({"TENURE_LAG_INTERVAL_S": "0.1", "TENURE_DEGRADED_LAG_S": "1", "TENURE_METRICS_PORT": "0"})
+    assert (s.lag_interval_s, s.degraded_lag_s, s.stall_threshold_s, s.degraded_for_s) == (0.1, 1.0, 0.25, 2.0)
+    assert s.extra["metrics_port"] == "0"  # parsed by the command that serves it
+    with pytest.raises(ConfigError, match="positive"):
+        Settings.from_env({"TENURE_DEGRADED_FOR_S": "0"})
