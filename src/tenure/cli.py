@@ -77,7 +77,7 @@ def _read_input(text: str) -> Any:
         raise InvalidRequest(f"{source} is not valid JSON: {exc}") from exc
 
 
-# -- commands ----------------------------------------------------------------------------------------------
+# -- commands ---------------------------------------------------------------------------------------------------------
 async def cmd_migrate(args: argparse.Namespace) -> int:
     store = await open_store(_settings(args), migrate=False)
     try:
@@ -238,7 +238,7 @@ async def cmd_workers(args: argparse.Namespace) -> int:
     return await _with_client(args, go)
 
 
-# -- parser ------------------------------------------------------------------------------------------------
+# -- parser -------------------------------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="tenure",
