@@ -77,7 +77,7 @@ def _read_input(text: str) -> Any:
         raise InvalidRequest(f"{source} is not valid JSON: {exc}") from exc
 
 
-# -- commands ----------------------------------------------------------------------------------------------
+# -- commands ---------------------------------------------------------------------------------------------------------
 async def cmd_migrate(args: argparse.Namespace) -> int:
     store = await open_store(_settings(args), migrate=False)
     try:
@@ -301,7 +301,7 @@ async def cmd_doctor(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
-# -- parser ------------------------------------------------------------------------------------------------
+# -- parser -------------------------------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="tenure",

@@ -192,7 +192,7 @@ class _Execution:
         self.usage: dict[str, float] = {}
         self.task: asyncio.Task[None] | None = None
 
-    # -- ExecutionPort --------------------------------------------------------------------------------------
+    # -- ExecutionPort -------------------------------------------------------------------------------------------
     def check(self) -> None:
         if self.lost:
             raise OwnershipLost(f"job {self.fence.job_id} is no longer owned by epoch {self.fence.epoch}")
@@ -275,7 +275,7 @@ class Worker:
         self._obs.watch_adapter(self._adapter)
         self._registry_exported_at = 0.0
 
-    # -- public ---------------------------------------------------------------------------------------------
+    # -- public -----------------------------------------------------------------------------------------------------
     def info(self) -> WorkerInfo:
         return WorkerInfo(
             id=self.id, host=self.host, pid=os.getpid(), concurrency=self.config.concurrency,
@@ -305,7 +305,7 @@ class Worker:
             lag_sampler.cancel()
         await self._leave()
 
-    # -- claiming -------------------------------------------------------------------------------------------
+    # -- claiming -----------------------------------------------------------------------------------------------------
     async def _claim_loop(self) -> None:
         cfg = self.config
         while not self._stopping.is_set():
@@ -382,7 +382,7 @@ class Worker:
         self._busy -= 1
         self._slot_freed.set()
 
-    # -- executing ------------------------------------------------------------------------------------------
+    # -- executing ---------------------------------------------------------------------------------------------------
     async def _execute(self, ex: _Execution) -> None:
         claim, agent = ex.claim, ex.agent
         began = time.monotonic()
@@ -510,7 +510,7 @@ class Worker:
             )
         return await self._process_adapter.run(fn, *args, **kwargs)
 
-    # -- heartbeat ------------------------------------------------------------------------------------------
+    # -- heartbeat -----------------------------------------------------------------------------------------------------
     def _held_fences(self) -> list[Fence]:
         return [c.fence for c in self._claimed.values()] + [e.fence for e in self._running.values()]
 
@@ -554,7 +554,7 @@ class Worker:
         for job_id in reply.cancel_requested:
             self._cancel(job_id)
 
-    # -- sweeper duty ---------------------------------------------------------------------------------------
+    # -- sweeper duty ---------------------------------------------------------------------------------------------------
     async def _sweeper_loop(self) -> None:
         cfg = self.config
         duty = self.leases or _store_leases(self.store)
@@ -570,7 +570,7 @@ class Worker:
                 log.warning("sweep failed: %s", exc)
             await asyncio.sleep(cfg.sweep_interval_s)
 
-    # -- shutdown -------------------------------------------------------------------------------------------
+    # -- shutdown --------------------------------------------------------------------------------------------------------
     async def _drain(self, claimer: asyncio.Task[None]) -> None:
         self._stopping.set()
         self.state = WorkerState.DRAINING

@@ -173,7 +173,7 @@ class PostgresStore:
             async with self._pool.acquire() as conn:
                 yield conn
 
-    # -- lifecycle ------------------------------------------------------------------------------------------
+    # -- lifecycle ---------------------------------------------------------------------------------------------
     async def schema_version(self) -> int:
         async with self._conn("schema_version") as conn:
             exists = await conn.fetchval("SELECT to_regclass('tenure_migrations') IS NOT NULL")
@@ -219,7 +219,7 @@ class PostgresStore:
         """The schema version this code migrates to."""
         return len(MIGRATIONS)
 
-    # -- admission ------------------------------------------------------------------------------------------
+    # -- admission ---------------------------------------------------------------------------------------------
     async def enqueue(self, jobs: Sequence[NewJob]) -> list[Enqueued]:
         if not jobs:
             return []
@@ -287,7 +287,7 @@ class PostgresStore:
             )
         return _job(job)
 
-    # -- ownership ------------------------------------------------------------------------------------------
+    # -- ownership -----------------------------------------------------------------------------------------------
     async def claim(
         self, worker_id: str, agents: Sequence[str], capabilities: Sequence[str], limit: int, ttl_s: float
     ) -> list[Claim]:
@@ -368,7 +368,7 @@ class PostgresStore:
             )
         return HeartbeatReply(frozenset(r[0] for r in rows), frozenset(r[0] for r in rows if r[1]))
 
-    # -- registry -------------------------------------------------------------------------------------------
+    # -- registry -----------------------------------------------------------------------------------------------
     async def register_worker(self, info: WorkerInfo) -> None:
         async with self._conn("register_worker") as conn:
             await conn.execute(
@@ -393,7 +393,7 @@ class PostgresStore:
             for r in rows
         ]
 
-    # -- history --------------------------------------------------------------------------------------------
+    # -- history ------------------------------------------------------------------------------------------------
     async def read_events(self, job_id: str, after: tuple[int, int] | None, limit: int) -> list[Event]:
         epoch, seq = after if after is not None else (-1, -1)
         async with self._conn("read_events") as conn:
@@ -410,7 +410,7 @@ class PostgresStore:
             for r in rows
         ]
 
-    # -- sweeper --------------------------------------------------------------------------------------------
+    # -- sweeper ---------------------------------------------------------------------------------------------------
     async def sweep(self, worker_ttl_s: float) -> SweepReport:
         report = SweepReport()
         async with self._conn("sweep") as conn:
@@ -473,7 +473,7 @@ class PostgresStore:
         finally:
             self._wake.clear()
 
-    # -- leases ---------------------------------------------------------------------------------------------
+    # -- leases -------------------------------------------------------------------------------------------------------
     async def acquire(self, key: str, holder: str, limit: int, ttl_s: float) -> bool:
         async with self._conn("lease acquire") as conn:
             return bool(await conn.fetchval(Q["lease_acquire"], key, holder, limit, ttl_s))

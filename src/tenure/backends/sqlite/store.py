@@ -237,7 +237,7 @@ class SqliteStore:
         self._closed = True
         self._executor.shutdown(wait=False)
 
-    # -- lifecycle ------------------------------------------------------------------------------------------
+    # -- lifecycle ---------------------------------------------------------------------------------------------
     async def schema_version(self) -> int:
         def fn(db: sqlite3.Connection) -> int:
             row = db.execute("SELECT name FROM sqlite_master WHERE name = 'tenure_migrations'").fetchone()
@@ -287,7 +287,7 @@ class SqliteStore:
     async def server_time(self) -> float:
         return await self._run(lambda: float(self._read(lambda db: db.execute(Q["server_time"]).fetchone()[0])))
 
-    # -- admission ------------------------------------------------------------------------------------------
+    # -- admission ---------------------------------------------------------------------------------------------
     async def enqueue(self, jobs: Sequence[NewJob]) -> list[Enqueued]:
         if not jobs:
             return []
@@ -342,7 +342,7 @@ class SqliteStore:
         self._wake.set()
         return job
 
-    # -- ownership ------------------------------------------------------------------------------------------
+    # -- ownership -----------------------------------------------------------------------------------------------
     async def claim(
         self, worker_id: str, agents: Sequence[str], capabilities: Sequence[str], limit: int, ttl_s: float
     ) -> list[Claim]:
@@ -472,7 +472,7 @@ class SqliteStore:
 
         return await self._run(lambda: self._tx(fn), "heartbeat")
 
-    # -- registry -------------------------------------------------------------------------------------------
+    # -- registry -----------------------------------------------------------------------------------------------
     async def register_worker(self, info: WorkerInfo) -> None:
         args = (info.id, info.host, info.pid, info.concurrency, json.dumps(list(info.agents)),
                 json.dumps(list(info.capabilities)), info.state.value)
@@ -495,7 +495,7 @@ class SqliteStore:
             for r in rows
         ]
 
-    # -- history --------------------------------------------------------------------------------------------
+    # -- history ------------------------------------------------------------------------------------------------
     async def read_events(self, job_id: str, after: tuple[int, int] | None, limit: int) -> list[Event]:
         epoch, seq = after if after is not None else (-1, -1)
         rows = await self._run(
@@ -512,7 +512,7 @@ class SqliteStore:
             for r in rows
         ]
 
-    # -- sweeper --------------------------------------------------------------------------------------------
+    # -- sweeper ---------------------------------------------------------------------------------------------------
     async def sweep(self, worker_ttl_s: float) -> SweepReport:
         def fn(db: sqlite3.Connection) -> SweepReport:
             report = SweepReport()
@@ -577,7 +577,7 @@ class SqliteStore:
                 pass
             interval = min(interval * 2, _POLL_MAX_S)
 
-    # -- leases ---------------------------------------------------------------------------------------------
+    # -- leases -------------------------------------------------------------------------------------------------------
     async def acquire(self, key: str, holder: str, limit: int, ttl_s: float) -> bool:
         def fn(db: sqlite3.Connection) -> bool:
             db.execute(Q["lease_purge"], (key,))
