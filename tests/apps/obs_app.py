@@ -79,6 +79,15 @@ async def hold_loop(ctx: Context, input: dict[str, Any]) -> dict[str, Any]:
     return {"held_s": input["seconds"]}
 
 
+@app.agent("laggy", timeout=60)
+async def laggy(ctx: Context, input: dict[str, Any]) -> dict[str, Any]:
+    """Block the loop `block_s` out of every `block_s + gap_s`, `blocks` times: a loop that mostly runs late."""
+    for _ in range(int(input["blocks"])):
+        time.sleep(float(input["block_s"]))  # noqa: ASYNC251 - on purpose
+        await asyncio.sleep(float(input["gap_s"]))
+    return {"blocks": input["blocks"]}
+
+
 @app.agent("model_call")
 async def model_call(ctx: Context, input: dict[str, Any]) -> dict[str, Any]:
     """A stand-in model call timed with ctx.external("model"), streaming a few deltas."""

@@ -185,6 +185,30 @@ async def test_a_loop_blocked_for_three_claim_ttls_never_runs_its_job_twice_at_o
     assert other.proc.poll() is None and blocked.proc.poll() is None
 
 
+async def test_a_degraded_worker_claims_nothing_new_but_keeps_and_finishes_the_job_it_holds(
+    sqlite_database_url: str, workers: list[WorkerProc], tmp_path: Path
+) -> None:
+    env = {"TENURE_DEGRADED_LAG_S": "0.3", "TENURE_DEGRADED_FOR_S": "1.0"}
+    w = spawn(workers, sqlite_database_url, tmp_path, "w", concurrency=4, env=env)
+    async with connect(APP, sqlite_database_url) as client:
+        await eventually(lambda: _registered(client, 1), 20, "the worker to register")
+        worker_id = (await client.workers())[0].id
+        # 0.4 s of every 0.5 s on the loop for 4 s: each stall is shorter than the claim TTL, so heartbeats
+        # still get through between them, but the loop is late most of the time.
+        laggy_id = await client.submit("laggy", {"blocks": 8, "block_s": 0.4, "gap_s": 0.1})
+        await eventually(lambda: _state_of(client, worker_id, "degraded"), 15, "the worker to report degraded")
+        fresh_id = await client.submit("model_call", {})
+        laggy = await eventually(lambda: terminal(client, laggy_id), 30, "the laggy job to finish")
+        assert (await client.job(fresh_id)).owner is None  # nothing new was claimed while degraded
+        fresh = await eventually(lambda: terminal(client, fresh_id), 20, "the new job, once the worker recovered")
+    # Blocked is not dead: the job it held was never taken away, and it finished it.
+    assert laggy.state is JobState.SUCCEEDED and laggy.epoch == 1, w.log()
+    assert fresh.state is JobState.SUCCEEDED and fresh.owner is None
+    assert laggy.finished_at is not None and fresh.execution_started_at is not None
+    assert fresh.execution_started_at > laggy.finished_at  # claimed only after the lag went away
+    assert "worker degraded" in w.log() and "worker active again" in w.log()
+
+
 async def _registered(client: LocalClient, n: int) -> bool:
     return len(await client.workers()) >= n
 

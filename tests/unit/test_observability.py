@@ -105,6 +105,7 @@ class _Sampler:
         self.running = True
         self.is_degraded = False
         self.max_lag = 0.0
+        self.current_lag = 0.0
 
     def degraded(self, threshold_s: float, for_s: float) -> bool:
         return self.is_degraded
@@ -127,6 +128,21 @@ def test_liveness_turns_degraded_on_lasting_lag_and_active_only_once_the_lag_sta
     assert obs.liveness(WorkerState.DEGRADED) is WorkerState.ACTIVE
     sampler.is_degraded = True  # draining and gone are never overridden by lag
     assert obs.liveness(WorkerState.DRAINING) is WorkerState.DRAINING
+    obs.close()
+
+
+def test_liveness_counts_a_loop_blocked_most_of_the_time_as_degraded_despite_short_on_time_gaps() -> None:
+    obs = WorkerObserver("w-share", heartbeat_s=1, lag_interval_s=0.05, stall_threshold_s=0.1,
+                         degraded_lag_s=0.3, degraded_for_s=2.0)
+    sampler = _Sampler()
+    obs.sampler = sampler  # type: ignore[assignment]
+    obs._on_lag_sample(0.4)  # one 0.4 s stall in 2 s: 20 %, not degraded
+    obs._on_lag_sample(0.001)
+    assert obs.late_share() < 0.5 and obs.liveness(WorkerState.ACTIVE) is WorkerState.ACTIVE
+    for _ in range(2):  # 1.2 s of stalls over 0.3 s in the window, with on-time ticks between them
+        obs._on_lag_sample(0.4)
+        obs._on_lag_sample(0.001)
+    assert obs.late_share() >= 0.5 and obs.liveness(WorkerState.ACTIVE) is WorkerState.DEGRADED
     obs.close()
 
 

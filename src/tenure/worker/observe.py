@@ -55,9 +55,12 @@ class WorkerObserver:
             interval_s=lag_interval_s,
             threshold_s=stall_threshold_s,
             window_s=max(10.0, 2 * degraded_for_s),
-            on_sample=m.lag_sample_recorder(ROLE, worker_id),
+            on_sample=self._on_lag_sample,
             on_stall=m.stall_recorder(ROLE, worker_id),
         )
+        self._observe_lag = m.lag_sample_recorder(ROLE, worker_id)
+        # (when, lag) of the samples later than `degraded_lag_s`, for `late_share`.
+        self._late_samples: collections.deque[tuple[float, float]] = collections.deque()
         self._unwatch = [m.watch_lag(self.sampler, ROLE, worker_id)]
         self._hb_lateness = m.HEARTBEAT_LATENESS.labels(worker_id)
         self._hb_late = m.HEARTBEATS_LATE.labels(worker_id)
@@ -77,10 +80,34 @@ class WorkerObserver:
         self._unwatch.clear()
 
     # -- liveness --------------------------------------------------------------------------------------------
+    def _on_lag_sample(self, lag_s: float) -> None:
+        self._observe_lag(lag_s)
+        now = time.monotonic()
+        if lag_s > self.degraded_lag_s:
+            self._late_samples.append((now, lag_s))
+        horizon = now - self.degraded_for_s
+        while self._late_samples and self._late_samples[0][0] < horizon:
+            self._late_samples.popleft()
+
+    def late_share(self) -> float:
+        """The share of the last `degraded_for_s` the loop spent in stalls longer than `degraded_lag_s`."""
+        horizon = time.monotonic() - self.degraded_for_s
+        late = sum(lag for at, lag in self._late_samples if at >= horizon)
+        ongoing = self.sampler.current_lag
+        if ongoing > self.degraded_lag_s:
+            late += ongoing
+        return min(1.0, late / self.degraded_for_s)
+
     def liveness(self, state: WorkerState) -> WorkerState:
-        """The state this worker should be in now, given its loop lag (only active ⇄ degraded change here)."""
+        """The state this worker should be in now, given its loop lag (only active ⇄ degraded change here).
+
+        Degraded when the lag stayed above `degraded_lag_s` for `degraded_for_s` — one long stall or late
+        tick after late tick — or when stalls longer than `degraded_lag_s` took at least half of the last
+        `degraded_for_s` (a loop blocked 0.7 s out of every 0.8 s ticks on time in its short gaps, yet it is
+        no healthier). Active again once no tick was later than `degraded_lag_s` for `degraded_for_s`.
+        """
         if state is WorkerState.ACTIVE and self.sampler.running:
-            if self.sampler.degraded(self.degraded_lag_s, self.degraded_for_s):
+            if self.sampler.degraded(self.degraded_lag_s, self.degraded_for_s) or self.late_share() >= 0.5:
                 log.warning(
                     "event loop lag above %.3f s for %.1f s: worker degraded, claiming nothing new "
                     "(it keeps and renews its claims)", self.degraded_lag_s, self.degraded_for_s,
