@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 from tenure.contracts.states import JobState, WorkerState
 from tenure.contracts.types import Claim, JobCounts, Started, SweepReport, WorkerInfo
-from tenure.kernel.blocking import BlockingAdapter
+from tenure.kernel.blocking import BlockingAdapter, ProcessAdapter
 from tenure.kernel.lag import LagSampler
 from tenure.observability import metrics as m
 
@@ -70,7 +70,7 @@ class WorkerObserver:
         self._tenants_seen: set[str] = set()
         self._lost_workers: collections.deque[float] = collections.deque()
 
-    def watch_adapter(self, adapter: BlockingAdapter) -> None:
+    def watch_adapter(self, adapter: BlockingAdapter | ProcessAdapter) -> None:
         """Export an adapter of this worker as `tenure_blocking_*{adapter, role, worker}`."""
         self._unwatch.append(m.watch_adapter(adapter, ROLE, self.worker_id))
 

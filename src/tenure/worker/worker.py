@@ -508,6 +508,7 @@ class Worker:
                 "worker-process", max(1, (os.cpu_count() or 2) - 1), self.config.blocking_max_queued,
                 self.config.blocking_queue_timeout_s,
             )
+            self._obs.watch_adapter(self._process_adapter)  # tenure_blocking_*{adapter="worker-process"}
         return await self._process_adapter.run(fn, *args, **kwargs)
 
     # -- heartbeat -----------------------------------------------------------------------------------------------------
