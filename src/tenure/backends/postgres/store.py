@@ -276,7 +276,8 @@ class PostgresStore:
         return [_job(r) for r in rows]
 
     async def requeue(self, job_id: str, tenant: str | None = None) -> Job:
-        async with self._conn("requeue") as conn:
+        # One transaction: the answer is the job as this requeue left it, before any worker can claim it.
+        async with self._conn("requeue") as conn, conn.transaction():
             row = await conn.fetchrow(Q["requeue_job"], job_id, tenant, _REQUEUEABLE)
             job = await conn.fetchrow(Q["get_job"], job_id, tenant)
         if job is None:
