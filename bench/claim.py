@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import signal
@@ -50,7 +51,8 @@ app = tenure.Tenure()
 
 @app.agent(AGENT)
 async def noop(ctx: tenure.Context, input: Any) -> None:
-    return None
+    if input["sleep_s"]:  # --sleep-ms: a job that waits on I/O this long (0: returns at once)
+        await asyncio.sleep(input["sleep_s"])
 
 
 # -- stores: fresh state and read-only inspection ---------------------------------------------------------------
@@ -205,7 +207,7 @@ def _interpolate(samples: list[tuple[float, float]], t: float) -> float:
         return 0.0
     if t <= samples[0][0]:
         return samples[0][1]
-    for (t0, v0), (t1, v1) in zip(samples, samples[1:]):
+    for (t0, v0), (t1, v1) in itertools.pairwise(samples):
         if t0 <= t <= t1:
             return v0 + (v1 - v0) * ((t - t0) / (t1 - t0) if t1 > t0 else 0.0)
     return samples[-1][1]
@@ -219,14 +221,30 @@ def _tenure_script() -> str:
     return str(path)
 
 
+def _launch(args: argparse.Namespace, env: dict[str, str], log_dir: Path, procs: list[subprocess.Popen[bytes]],
+            logs: list[Any]) -> None:
+    """Start the worker processes, each in its own session (so that only they are signalled later)."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    for i in range(args.workers):
+        log = open(log_dir / f"worker{i}.log", "wb")  # closed by run_once after the run
+        logs.append(log)
+        procs.append(subprocess.Popen(
+            [_tenure_script(), "worker", "--concurrency", str(args.concurrency)], env=env, cwd=str(HERE),
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        ))
+
+
 async def run_once(target: Target, args: argparse.Namespace) -> dict[str, Any]:
     n = args.n
-    rec: dict[str, Any] = {"store": target.label(), "n": n, "workers": args.workers, "concurrency": args.concurrency}
+    rec: dict[str, Any] = {"store": target.label(), "n": n, "workers": args.workers, "concurrency": args.concurrency,
+                           "sleep_ms": args.sleep_ms}
     await target.reset()
     async with tenure.connect(app, settings=target.settings()) as client:
         t0 = time.perf_counter()
         for i in range(0, n, CHUNK):
-            await client.submit_many([tenure.JobRequest(AGENT, {"i": j}) for j in range(i, min(n, i + CHUNK))])
+            await client.submit_many(
+                [tenure.JobRequest(AGENT, {"i": j, "sleep_s": args.sleep_ms / 1000}) for j in range(i, min(n, i + CHUNK))]
+            )
         enq_s = time.perf_counter() - t0
     rec["enqueue_s"] = round(enq_s, 4)
     rec["enqueue_jobs_s"] = round(n / enq_s, 1)
@@ -238,20 +256,13 @@ async def run_once(target: Target, args: argparse.Namespace) -> dict[str, Any]:
         "PYTHONPATH": str(HERE) + os.pathsep + env.get("PYTHONPATH", ""),
     })
     log_dir = Path(args.log_dir)
-    log_dir.mkdir(parents=True, exist_ok=True)
     procs: list[subprocess.Popen[bytes]] = []
-    logs = []
+    logs: list[Any] = []
     await target.open()
     snap0 = _snapshot()
     t_launch = time.time()
     try:
-        for i in range(args.workers):
-            log = open(log_dir / f"worker{i}.log", "wb")
-            logs.append(log)
-            procs.append(subprocess.Popen(
-                [_tenure_script(), "worker", "--concurrency", str(args.concurrency)], env=env, cwd=str(HERE),
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            ))
+        _launch(args, env, log_dir, procs, logs)
         deadline = time.monotonic() + args.timeout
         samples: list[tuple[float, float]] = []  # (time, CPU s of the workers): start-up CPU is left out below
         while True:
@@ -333,6 +344,7 @@ def render(runs: list[dict[str, Any]], summary: dict[str, Any], store: str) -> s
     ]
     lines = [
         f"store: {store}; N={runs[0]['n']}; {runs[0]['workers']} workers x concurrency {runs[0]['concurrency']}; "
+        f"job sleep {runs[0].get('sleep_ms', 0):g} ms; "
         f"reps ok {summary['reps_ok']}/{summary['reps']}; foreign CPU s (max) {summary['foreign_cpu_s_max']}",
         "",
         "| metric | median | min | max |",
@@ -359,7 +371,7 @@ def render(runs: list[dict[str, Any]], summary: dict[str, Any], store: str) -> s
     return "\n".join(lines)
 
 
-async def main_async(args: argparse.Namespace) -> int:
+async def main_async(args: argparse.Namespace) -> tuple[Target, list[dict[str, Any]]]:
     target = Target(args.database_url, args.synchronous)
     runs = []
     for rep in range(1, args.reps + 1):
@@ -373,16 +385,20 @@ async def main_async(args: argparse.Namespace) -> int:
         print(f"[claim] rep {rep}: ok={rec.get('ok')} drain={rec.get('drain_jobs_s')} jobs/s "
               f"enqueue={rec.get('enqueue_jobs_s')} jobs/s cpu={rec.get('cpu_s')} {rec.get('error', '')}",
               file=sys.stderr, flush=True)
+    return target, runs
+
+
+def report(args: argparse.Namespace, target: Target, runs: list[dict[str, Any]]) -> int:
     summary = summarize(runs)
-    print(render(runs, summary, target.label()))
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps({
             "store": target.label(), "database_url": target.url, "synchronous": args.synchronous,
-            "n": args.n, "workers": args.workers, "concurrency": args.concurrency, "reps": args.reps,
-            "loadavg": os.getloadavg(), "python": sys.version.split()[0], "sqlite": sqlite3.sqlite_version,
-            "summary": summary, "runs": runs,
+            "n": args.n, "workers": args.workers, "concurrency": args.concurrency, "sleep_ms": args.sleep_ms,
+            "reps": args.reps, "loadavg": os.getloadavg(), "python": sys.version.split()[0],
+            "sqlite": sqlite3.sqlite_version, "summary": summary, "runs": runs,
         }, indent=1) + "\n")
+    print(render(runs, summary, target.label()))
     return 0 if summary["reps_ok"] == summary["reps"] else 1
 
 
@@ -393,6 +409,8 @@ def main() -> int:
     ap.add_argument("-n", type=int, default=10_000, help="jobs per repetition (default 10,000)")
     ap.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
     ap.add_argument("--concurrency", type=int, default=10, help="slots per worker (default 10)")
+    ap.add_argument("--sleep-ms", type=float, default=0.0,
+                    help="each job awaits asyncio.sleep this long (default 0: a no-op job)")
     ap.add_argument("--synchronous", choices=("FULL", "NORMAL"), default="FULL",
                     help="SQLite synchronous (TENURE_SQLITE_SYNCHRONOUS; default FULL, Tenure's default)")
     ap.add_argument("--reps", type=int, default=1, help="repetitions; the table shows median/min/max")
@@ -401,7 +419,9 @@ def main() -> int:
     ap.add_argument("--worker-app", default="claim:app",
                     help="the workers' app (module:attr, with an agent named 'noop'; bench/ is on PYTHONPATH)")
     ap.add_argument("--log-dir", default="/tmp/tenure-claim-bench-logs", help="worker logs")
-    return asyncio.run(main_async(ap.parse_args()))
+    args = ap.parse_args()
+    target, runs = asyncio.run(main_async(args))
+    return report(args, target, runs)
 
 
 if __name__ == "__main__":

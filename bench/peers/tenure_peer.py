@@ -22,15 +22,16 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
-
-import tenure
-from tenure.settings import Settings
+from typing import Any
 
 from peersbench.core import PG_DSN, Job, WorkerSpec, venv_script
 from peersbench.peers import BaseDriver, pkg_versions
 from peersbench.record import job_body_async
+
+import tenure
+from tenure.settings import Settings
 
 AGENT = "pb_job"
 SCHEMA = "pb_tenure"

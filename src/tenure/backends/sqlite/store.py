@@ -5,11 +5,14 @@ writers take turns across processes and each conditional update sees one consist
 block, so each store owns one connection on one dedicated thread and runs a whole transaction per hop:
 the event loop never waits on the database.
 
-Writers queue for SQLite's lock on a sidecar file (`<db>-tenure-lock`, `flock`) before `BEGIN IMMEDIATE`:
-the kernel hands the lock over the moment it is released. Left to SQLite's busy handler, a waiting writer
-sleeps 1, 2, 5, 10, ... 100 ms between attempts and the lock sits idle or goes back to the process that just
-released it (measured with two workers: 0.5 ms vs 1.9 ms mean wait, one worker doing two thirds of the work).
-`busy_timeout` stays as the fallback for writers that do not take the sidecar lock.
+Writers queue for a sidecar lock (`flock` on `<db>-tenure-lock`) before `BEGIN IMMEDIATE`: the kernel hands it
+over the moment it is released. Left to SQLite's busy handler, a waiting writer sleeps 1, 2, 5, 10, ... 100 ms
+between attempts while the lock goes back to the process that just released it (measured with two workers:
+0.5 ms vs 1.9 ms mean wait, one worker doing two thirds of the work); retrying the sidecar lock every 50 µs-1 ms
+instead of blocking on it lost the gain. The wait is bounded like `busy_timeout` (30 s, then
+`StoreUnavailable`), so a writer stuck behind a frozen process still fails and its worker still fences itself.
+The sidecar lock only orders writers: SQLite's own lock still guards every write, so a lapse in it costs speed,
+never correctness. `busy_timeout` stays for writers that do not take it.
 
 Wake-up is adaptive polling: a waiting worker checks `PRAGMA data_version` (which changes when another
 connection commits) every few milliseconds after activity, backing off while idle.
@@ -22,9 +25,11 @@ import json
 import logging
 import os
 import sqlite3
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -72,6 +77,7 @@ MIGRATIONS = load_migrations("tenure.backends.sqlite")  # read at import, never 
 _REQUEUEABLE = json.dumps(sorted(s.value for s in REQUEUEABLE))
 T = TypeVar("T")
 
+_BUSY_TIMEOUT_S = 30.0
 _POLL_MIN_S = 0.002
 _POLL_MAX_S = 0.025
 
@@ -148,7 +154,7 @@ class SqliteStore:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tenure-sqlite")
         self.offload = ConnectionThread()
         self._db: sqlite3.Connection | None = None
-        self._lock_fd: int | None = None  # the sidecar writer lock, see the module docstring
+        self._turn: _WriterTurn | None = None  # the sidecar writer lock, see the module docstring
         self._seen_version = -1
         self._wake = asyncio.Event()
         self._closed = False
@@ -164,12 +170,12 @@ class SqliteStore:
 
     def _open(self) -> None:
         Path(self._path).parent.mkdir(parents=True, exist_ok=True)
-        db = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False, timeout=30.0)
+        db = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False, timeout=_BUSY_TIMEOUT_S)
         db.execute("PRAGMA journal_mode = WAL")
         db.execute(f"PRAGMA synchronous = {self._synchronous}")
-        db.execute("PRAGMA busy_timeout = 30000")
+        db.execute(f"PRAGMA busy_timeout = {int(_BUSY_TIMEOUT_S * 1000)}")
         if fcntl is not None:
-            self._lock_fd = os.open(self._path + "-tenure-lock", os.O_RDWR | os.O_CREAT, 0o644)
+            self._turn = _WriterTurn(self._path + "-tenure-lock")
         self._db = db
 
     async def _run(self, fn: Callable[[], T], what: str = "query") -> T:
@@ -199,21 +205,23 @@ class SqliteStore:
         relaxed = not durable and self._synchronous == "FULL"
         if relaxed:
             db.execute("PRAGMA synchronous = NORMAL")
-        if self._lock_fd is not None:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
         try:
-            db.execute("BEGIN IMMEDIATE")
+            if self._turn is not None:
+                self._turn.acquire(_BUSY_TIMEOUT_S)
             try:
-                out = fn(db)
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
-            db.execute("COMMIT")
-            return out
+                db.execute("BEGIN IMMEDIATE")
+                try:
+                    out = fn(db)
+                except BaseException:
+                    db.execute("ROLLBACK")
+                    raise
+                db.execute("COMMIT")
+                return out
+            finally:
+                if self._turn is not None:
+                    self._turn.release()
         finally:
-            if self._lock_fd is not None:
-                fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
-            if relaxed:
+            if relaxed:  # restored whatever happened, or later durable commits would skip the fsync
                 db.execute(f"PRAGMA synchronous = {self._synchronous}")
 
     def _read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
@@ -229,9 +237,9 @@ class SqliteStore:
             if self._db is not None:
                 self._db.close()
                 self._db = None
-            if self._lock_fd is not None:
-                os.close(self._lock_fd)
-                self._lock_fd = None
+            if self._turn is not None:
+                self._turn.close()
+                self._turn = None
 
         await asyncio.get_running_loop().run_in_executor(self._executor, _close)
         self._closed = True
@@ -605,6 +613,67 @@ class SqliteStore:
     async def holders(self, key: str) -> list[str]:
         rows = await self._run(lambda: self._read(lambda db: db.execute(Q["lease_holders"], (key,)).fetchall()))
         return [r[0] for r in rows]
+
+
+class _WriterTurn:
+    """The sidecar writer lock: a blocking `flock` (handed over by the kernel on release) with a bounded wait.
+
+    `flock` cannot time out, so a contended acquire blocks on a helper thread while the connection thread waits
+    for it at most `timeout`. A wait given up is marked abandoned under `_mu`; if the helper gets the lock later
+    it gives it straight back. The lock belongs to the open file, not to a thread, so the connection thread holds
+    what the helper took."""
+
+    def __init__(self, path: str) -> None:
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        self._helper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tenure-sqlite-turn")
+        self._mu = threading.Lock()
+        self._abandoned = 0  # given-up waits still queued on the helper
+
+    def acquire(self, timeout: float) -> None:
+        with self._mu:
+            abandoned = self._abandoned
+        if not abandoned:  # otherwise queue behind them: one may hold the lock for an instant
+            try:
+                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                pass
+        wait = _TurnWait()
+        future = self._helper.submit(self._wait, wait)
+        try:
+            future.result(timeout)
+            return
+        except FutureTimeout:
+            with self._mu:
+                if wait.acquired:
+                    return
+                wait.abandoned = True
+                self._abandoned += 1
+        raise sqlite3.OperationalError(f"database is locked: no turn at the writer lock within {timeout:g} s")
+
+    def _wait(self, wait: _TurnWait) -> None:
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        with self._mu:
+            if wait.abandoned:
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
+                self._abandoned -= 1
+            else:
+                wait.acquired = True
+
+    def release(self) -> None:
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    def close(self) -> None:
+        self._helper.shutdown(wait=False, cancel_futures=True)
+        os.close(self._fd)
+
+
+class _TurnWait:
+    __slots__ = ("abandoned", "acquired")
+
+    def __init__(self) -> None:
+        self.acquired = False
+        self.abandoned = False
 
 
 def _split_sql(script: str) -> list[str]:
