@@ -29,7 +29,11 @@ from tenure.contracts.states import TERMINAL, JobState, WorkerState, check_trans
 from tenure.contracts.store import LeaseRef, Leases, Store
 from tenure.contracts.types import (
     AgentSpec,
+    CircuitState,
     Claim,
+    Command,
+    ControlOutcome,
+    EventNotice,
     Enqueued,
     Event,
     Execution,
@@ -57,7 +61,11 @@ __all__ = [
     "QuotaUnavailable",
     "TERMINAL",
     "AgentSpec",
+    "CircuitState",
     "Claim",
+    "Command",
+    "ControlOutcome",
+    "EventNotice",
     "ConfigError",
     "Enqueued",
     "Event",

@@ -29,9 +29,13 @@ from tenure.contracts.errors import (
 from tenure.contracts.states import REQUEUEABLE, JobState, WorkerState
 from tenure.contracts.store import LeaseRef
 from tenure.contracts.types import (
+    CircuitState,
     Claim,
+    Command,
+    ControlOutcome,
     Enqueued,
     Event,
+    EventNotice,
     Execution,
     Fence,
     Finish,
@@ -52,6 +56,7 @@ log = logging.getLogger("tenure.store.postgres")
 Q = load_queries("tenure.backends.postgres")
 MIGRATIONS = load_migrations("tenure.backends.postgres")  # read at import, never on the event loop
 _CHANNEL = "tenure_jobs"
+_EVENTS_CHANNEL = "tenure_events"
 _DRIVER_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, asyncio.TimeoutError)
 _REQUEUEABLE = sorted(s.value for s in REQUEUEABLE)
 
@@ -141,6 +146,10 @@ class PostgresStore:
         self._listen_lock = asyncio.Lock()
         self._wake = asyncio.Event()
         self._closed = False
+        self._events_conn: asyncpg.Connection | None = None
+        self._events_lock = asyncio.Lock()
+        self._notices: list[EventNotice] = []
+        self._notice_ready = asyncio.Event()
 
     @classmethod
     async def connect(cls, url: str, pool_size: int = 4) -> PostgresStore:
@@ -159,7 +168,7 @@ class PostgresStore:
         if self._closed:
             return
         self._closed = True
-        for conn in (self._listen_conn, self._claim_conn):
+        for conn in (self._listen_conn, self._events_conn, self._claim_conn):
             if conn is not None and not conn.is_closed():
                 with contextlib.suppress(*_DRIVER_ERRORS):
                     await conn.close(timeout=2)
@@ -268,6 +277,8 @@ class PostgresStore:
         async with self._conn("requeue") as conn:
             row = await conn.fetchrow(Q["requeue_job"], job_id, tenant, _REQUEUEABLE)
             job = await conn.fetchrow(Q["get_job"], job_id, tenant)
+            if row is not None:
+                await conn.execute(Q["notify_events_of"], [job_id])
         if job is None:
             raise NotFound(f"no job {job_id}")
         if row is None:
@@ -300,7 +311,7 @@ class PostgresStore:
                 Q["start_executions"], worker_id, ids, epochs, tokens, [s.execution_id for s in starts]
             )
         out = []
-        for job_id, attempt, started_at in rows:
+        for job_id, attempt, started_at, _ in rows:
             s = by_job[job_id]
             out.append(Started(s.fence, s.execution_id, started_at, attempt))
         return out
@@ -418,6 +429,9 @@ class PostgresStore:
             report.expired = [r[0] for r in await conn.fetch(Q["sweep_expire"])]
             report.due = [r[0] for r in await conn.fetch(Q["sweep_due"])]
             report.workers_gone = [r[0] for r in await conn.fetch(Q["sweep_workers_gone"], worker_ttl_s)]
+            changed = report.lost + report.requeued + report.dead + report.expired
+            if changed:  # their histories grew (job.lost, job.expired...): one NOTIFY for the sweep
+                await conn.execute(Q["notify_events_of"], changed)
         return report
 
     # -- wake-up ----------------------------------------------------------------------------------------------------
@@ -453,6 +467,110 @@ class PostgresStore:
             return
         finally:
             self._wake.clear()
+
+    # -- the gateway's side ------------------------------------------------------------------------------------------
+    async def queue_depth(self, tenant: str) -> tuple[int, int]:
+        async with self._conn("queue_depth") as conn:
+            row = await conn.fetchrow(Q["queue_depth"], tenant)
+        return int(row[0]), int(row[1])
+
+    async def record_circuit_failure(self, key: str) -> None:
+        async with self._conn("record_circuit_failure") as conn:
+            await conn.execute(Q["circuit_record"], key)
+
+    async def circuit_state(self, key: str, threshold: int, window_s: float, open_s: float) -> CircuitState:
+        async with self._conn("circuit_state") as conn:
+            count, latest, now = await conn.fetchrow(Q["circuit_window"], key, window_s)
+        open_for = 0.0
+        if count >= threshold and latest is not None:
+            open_for = max(0.0, latest + open_s - now)
+        return CircuitState(int(count), open_for)
+
+    async def cancel(self, job_id: str, tenant: str | None = None) -> ControlOutcome:
+        if not _is_uuid(job_id):
+            return ControlOutcome.UNKNOWN
+        async with self._conn("cancel") as conn, conn.transaction():
+            outcome = await conn.fetchval(Q["cancel_job"], job_id, tenant)
+            if outcome == "accepted":
+                await conn.execute(Q["notify_events_of"], [job_id])
+        return ControlOutcome.UNKNOWN if outcome is None else ControlOutcome(outcome)
+
+    async def send_command(self, job_id: str, tenant: str | None, kind: str, payload_json: str) -> ControlOutcome:
+        if not _is_uuid(job_id):
+            return ControlOutcome.UNKNOWN
+        async with self._conn("send_command") as conn, conn.transaction():
+            state = await conn.fetchval(Q["job_state"], job_id, tenant)
+            if state is None:
+                return ControlOutcome.UNKNOWN
+            if JobState(state).terminal:
+                return ControlOutcome.ALREADY_FINISHED
+            await conn.execute(Q["insert_command"], job_id, kind, payload_json)
+        return ControlOutcome.REQUESTED
+
+    async def read_commands(self, job_id: str, after_seq: int) -> list[Command]:
+        async with self._conn("read_commands") as conn:
+            rows = await conn.fetch(Q["read_commands"], job_id, after_seq)
+        return [Command(job_id, r[0], r[1], None if r[2] is None else json.loads(r[2]), r[3]) for r in rows]
+
+    async def set_waiting(self, event: NewEvent, waiting: bool) -> bool:
+        f = event.fence
+        to, expected = ("waiting", "running") if waiting else ("running", "waiting")
+        async with self._conn("set_waiting") as conn:
+            row = await conn.fetchrow(
+                Q["set_waiting"], f.job_id, f.epoch, f.token, event.execution_id, to, expected, event.seq,
+                event.type, event.payload_json,
+            )
+        return row is not None
+
+    def _on_events(self, _conn: object, _pid: int, _channel: str, body: str) -> None:
+        try:
+            data = json.loads(body)
+        except ValueError:
+            data = {"jobs": None}
+        if "events" in data:
+            events = tuple(
+                Event(e["j"], e["x"], e["e"], e["s"], e["t"], e["p"], e["ts"]) for e in data["events"]
+            )
+            self._notices.append(EventNotice(frozenset(e.job_id for e in events), events))
+        else:
+            jobs = data.get("jobs")
+            self._notices.append(EventNotice(None if jobs is None else frozenset(jobs)))
+        self._notice_ready.set()
+
+    def _on_events_lost(self, *_: object) -> None:
+        # Notifications may have been missed while the listener was down: every subscriber checks its history.
+        self._events_conn = None
+        self._notices.append(EventNotice(None))
+        self._notice_ready.set()
+
+    async def _ensure_events_listener(self) -> None:
+        if self._events_conn is not None and not self._events_conn.is_closed():
+            return
+        async with self._events_lock:
+            if self._events_conn is not None and not self._events_conn.is_closed():
+                return
+            try:
+                conn = await asyncpg.connect(_dsn(self._url))
+                await conn.add_listener(_EVENTS_CHANNEL, self._on_events)
+                conn.add_termination_listener(self._on_events_lost)
+            except _DRIVER_ERRORS as exc:
+                log.warning("LISTEN %s failed, readers poll the history meanwhile: %s", _EVENTS_CHANNEL, exc)
+                return
+            self._events_conn = conn
+            self._notices.append(EventNotice(None))  # anything appended before we listened
+            self._notice_ready.set()
+
+    async def wait_for_events(self, timeout_s: float) -> list[EventNotice]:
+        if not self._closed:
+            await self._ensure_events_listener()
+        if not self._notices:
+            try:
+                await asyncio.wait_for(self._notice_ready.wait(), timeout_s)
+            except TimeoutError:
+                return []
+        self._notice_ready.clear()
+        out, self._notices = self._notices, []
+        return out
 
     # -- leases -------------------------------------------------------------------------------------------------------
     async def acquire(self, key: str, holder: str, limit: int, ttl_s: float) -> bool:

@@ -33,9 +33,13 @@ from tenure.contracts.errors import (
 from tenure.contracts.states import REQUEUEABLE, JobState, WorkerState
 from tenure.contracts.store import LeaseRef
 from tenure.contracts.types import (
+    CircuitState,
     Claim,
+    Command,
+    ControlOutcome,
     Enqueued,
     Event,
+    EventNotice,
     Execution,
     Fence,
     Finish,
@@ -98,6 +102,10 @@ class SqliteStore:
         self._seen_version = -1
         self._wake = asyncio.Event()
         self._closed = False
+        # Live events on SQLite are a tail of the history: `data_version` tells of other connections' commits,
+        # and this flag of our own (an inline worker shares the gateway's store).
+        self._events_seen_version = -1
+        self._events_local = asyncio.Event()
 
     @classmethod
     async def connect(cls, url: str, synchronous: str = "FULL") -> SqliteStore:
@@ -256,6 +264,7 @@ class SqliteStore:
 
         job = await self._run(lambda: self._tx(fn), "requeue")
         self._wake.set()
+        self._events_local.set()
         return job
 
     # -- ownership -----------------------------------------------------------------------------------------------
@@ -297,7 +306,9 @@ class SqliteStore:
                 out.append(Started(f, s.execution_id, started_at, attempt))
             return out
 
-        return await self._run(lambda: self._tx(fn), "start")
+        out = await self._run(lambda: self._tx(fn), "start")
+        self._events_local.set()
+        return out
 
     async def finish(self, worker_id: str, finishes: Sequence[Finish]) -> list[str]:
         if not finishes:
@@ -330,10 +341,14 @@ class SqliteStore:
                     (x.execution_id, f.job_id, f.epoch, worker_id, x.started_at,
                      "failed" if retry else x.state.value, x.usage_json),
                 )
+                if x.error_code == "timeout":  # the agent's circuit breaker counts timeouts
+                    db.execute(Q["circuit_record_job_timeout"], (f.job_id,))
                 done.append(f.job_id)
             return done
 
-        return await self._run(lambda: self._tx(fn), "finish")
+        done = await self._run(lambda: self._tx(fn), "finish")
+        self._events_local.set()
+        return done
 
     async def append_events(self, events: Sequence[NewEvent]) -> set[str]:
         if not events:
@@ -354,7 +369,9 @@ class SqliteStore:
                 db.execute(Q["insert_event"], (f.job_id, f.epoch, e.seq, e.execution_id, e.type, e.payload_json))
             return rejected
 
-        return await self._run(lambda: self._tx(fn), "append_events")
+        rejected = await self._run(lambda: self._tx(fn), "append_events")
+        self._events_local.set()
+        return rejected
 
     async def release_claims(self, worker_id: str, fences: Sequence[Fence]) -> list[str]:
         if not fences:
@@ -456,6 +473,7 @@ class SqliteStore:
             return report
 
         report = await self._run(lambda: self._tx(fn), "sweep")
+        self._events_local.set()
         if report.released or report.requeued or report.due:
             self._wake.set()
         return report
@@ -482,6 +500,99 @@ class SqliteStore:
                 return
             try:
                 await asyncio.wait_for(self._wake.wait(), min(interval, left))
+            except TimeoutError:
+                pass
+            interval = min(interval * 2, _POLL_MAX_S)
+
+    # -- the gateway's side ------------------------------------------------------------------------------------------
+    async def queue_depth(self, tenant: str) -> tuple[int, int]:
+        row = await self._run(lambda: self._read(lambda db: db.execute(Q["queue_depth"], (tenant,)).fetchone()))
+        return int(row[0]), int(row[1])
+
+    async def record_circuit_failure(self, key: str) -> None:
+        def fn(db: sqlite3.Connection) -> None:
+            db.execute(Q["circuit_trim"], (key,))
+            db.execute(Q["circuit_record"], (key,))
+
+        await self._run(lambda: self._tx(fn), "record_circuit_failure")
+
+    async def circuit_state(self, key: str, threshold: int, window_s: float, open_s: float) -> CircuitState:
+        count, latest, now = await self._run(
+            lambda: self._read(lambda db: db.execute(Q["circuit_window"], (key, window_s)).fetchone())
+        )
+        open_for = 0.0
+        if count >= threshold and latest is not None:
+            open_for = max(0.0, latest + open_s - now)
+        return CircuitState(int(count), open_for)
+
+    async def cancel(self, job_id: str, tenant: str | None = None) -> ControlOutcome:
+        def fn(db: sqlite3.Connection) -> ControlOutcome:
+            row = db.execute(Q["cancel_unowned"], (job_id, tenant)).fetchone()
+            if row is not None:
+                payload = json.dumps({"state": "cancelled", "error_code": "cancelled"})
+                db.execute(Q["insert_event_next"], (job_id, row[0], None, "job.cancelled", payload))
+                return ControlOutcome.ACCEPTED
+            if db.execute(Q["cancel_request"], (job_id, tenant)).fetchone() is not None:
+                return ControlOutcome.REQUESTED
+            if db.execute(Q["job_state"], (job_id, tenant)).fetchone() is None:
+                return ControlOutcome.UNKNOWN
+            return ControlOutcome.ALREADY_FINISHED
+
+        out = await self._run(lambda: self._tx(fn), "cancel")
+        self._events_local.set()
+        return out
+
+    async def send_command(self, job_id: str, tenant: str | None, kind: str, payload_json: str) -> ControlOutcome:
+        def fn(db: sqlite3.Connection) -> ControlOutcome:
+            row = db.execute(Q["job_state"], (job_id, tenant)).fetchone()
+            if row is None:
+                return ControlOutcome.UNKNOWN
+            if JobState(row[0]).terminal:
+                return ControlOutcome.ALREADY_FINISHED
+            db.execute(Q["insert_command"], (job_id, kind, payload_json))
+            return ControlOutcome.REQUESTED
+
+        return await self._run(lambda: self._tx(fn), "send_command")
+
+    async def read_commands(self, job_id: str, after_seq: int) -> list[Command]:
+        rows = await self._run(
+            lambda: self._read(lambda db: db.execute(Q["read_commands"], (job_id, after_seq)).fetchall())
+        )
+        return [Command(job_id, r[0], r[1], None if r[2] is None else json.loads(r[2]), r[3]) for r in rows]
+
+    async def set_waiting(self, event: NewEvent, waiting: bool) -> bool:
+        f = event.fence
+        to, expected = ("waiting", "running") if waiting else ("running", "waiting")
+
+        def fn(db: sqlite3.Connection) -> bool:
+            args = (f.job_id, f.epoch, f.token, event.execution_id, to, expected)
+            if db.execute(Q["set_waiting"], args).rowcount != 1:
+                return False
+            db.execute(
+                Q["insert_event"], (f.job_id, f.epoch, event.seq, event.execution_id, event.type, event.payload_json)
+            )
+            return True
+
+        ok = await self._run(lambda: self._tx(fn), "set_waiting")
+        self._events_local.set()
+        return ok
+
+    async def wait_for_events(self, timeout_s: float) -> list[EventNotice]:
+        deadline = time.monotonic() + timeout_s
+        interval = _POLL_MIN_S
+        while True:
+            if self._events_local.is_set():
+                self._events_local.clear()
+                return [EventNotice(None)]
+            version = await self._run(self._data_version, "poll")
+            if version != self._events_seen_version:
+                self._events_seen_version = version
+                return [EventNotice(None)]
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return []
+            try:
+                await asyncio.wait_for(self._events_local.wait(), min(interval, left))
             except TimeoutError:
                 pass
             interval = min(interval * 2, _POLL_MAX_S)
