@@ -292,15 +292,16 @@ class Gateway:
     async def _control_response(self, request: Request, kind: str, payload: Any) -> Response:
         who = self._principal(request)
         job_id = request.path_params["job_id"]
+        wait_text = request.query_params.get("wait")
+        wait_s = _float(wait_text, "wait") if wait_text else 0.0  # checked before anything is written
         outcome = await self.control(who, job_id, kind, payload)
         if outcome is ControlOutcome.UNKNOWN:
             raise Problem(404, "Not found", f"no job {job_id}", "not-found", outcome=outcome.value)
         if kind != "cancel" and outcome is ControlOutcome.ALREADY_FINISHED:
             raise Problem(409, "Job finished", f"job {job_id} is finished; nothing was sent", "already-finished",
                           outcome=outcome.value)
-        wait = request.query_params.get("wait")
-        if kind == "cancel" and wait and outcome is ControlOutcome.REQUESTED:
-            outcome = await self._await_cancel(who, job_id, _float(wait, "wait"))
+        if kind == "cancel" and wait_s and outcome is ControlOutcome.REQUESTED:
+            outcome = await self._await_cancel(who, job_id, wait_s)
         status = 202 if outcome is ControlOutcome.REQUESTED else 200
         return JSONResponse({"job_id": _job_id(job_id), "command": kind, "outcome": outcome.value}, status)
 

@@ -149,11 +149,11 @@ class EventHub:
                     sub.poke()
             return
         for job_id in notice.job_ids:
-            subs = self._subs.get(job_id)
-            if not subs:
+            watching = self._subs.get(job_id)
+            if not watching:
                 continue
             events = [e for e in notice.events if e.job_id == job_id]
-            for sub in subs:
+            for sub in watching:
                 if events:
                     sub.push(events)
                 else:

@@ -35,6 +35,7 @@ from tenure.contracts.states import JobState, WorkerState
 from tenure.contracts.store import Leases, Store
 from tenure.contracts.types import (
     Claim,
+    Command,
     Fence,
     Finish,
     NewEvent,
@@ -55,6 +56,9 @@ T = TypeVar("T")
 
 SWEEPER_DUTY = "duty:sweeper"
 MAX_RESULT_BYTES = 1024 * 1024
+# A waiting execution polls the store for its commands (persisted by the gateway before delivery).
+_COMMAND_POLL_MIN_S = 0.05
+_COMMAND_POLL_MAX_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,8 +159,8 @@ class _Execution:
     """One started execution: its fence, its event sequence, and the port its Context writes through."""
 
     __slots__ = (
-        "agent", "attempt", "cancel_requested", "claim", "execution_id", "fence", "lost", "seq", "started_at",
-        "task", "unwritten", "usage", "worker",
+        "agent", "attempt", "cancel_requested", "claim", "command_seq", "commands", "execution_id", "fence", "lost",
+        "seq", "started_at", "task", "unwritten", "usage", "worker",
     )
 
     def __init__(self, worker: Worker, claim: Claim, started: Started, agent: Agent) -> None:
@@ -173,6 +177,8 @@ class _Execution:
         self.unwritten = 0
         self.usage: dict[str, float] = {}
         self.task: asyncio.Task[None] | None = None
+        self.command_seq = 0  # the last command read from the store
+        self.commands: list[Command] = []  # read, not yet consumed (another kind than the one awaited)
 
     # -- ExecutionPort -------------------------------------------------------------------------------------------
     def check(self) -> None:
@@ -205,6 +211,52 @@ class _Execution:
     def record_usage(self, counts: dict[str, float]) -> None:
         for k, v in counts.items():
             self.usage[k] = self.usage.get(k, 0) + v
+
+    # -- pause and resume (ctx.next_input, ctx.approval) ---------------------------------------------------------------
+    def _take_command(self, kind: str) -> Command | None:
+        for i, c in enumerate(self.commands):
+            if c.kind == kind:
+                return self.commands.pop(i)
+        return None
+
+    async def _read_commands(self) -> None:
+        new = await self.worker.store.read_commands(self.fence.job_id, self.command_seq)
+        if new:
+            self.command_seq = new[-1].seq
+            self.commands.extend(new)
+
+    async def _set_waiting(self, waiting: bool, payload: dict[str, Any]) -> None:
+        await self.flush()  # the history stays in order: everything emitted before goes first
+        self.seq += 1
+        event = NewEvent(self.fence, self.execution_id, self.seq, "job.waiting" if waiting else "job.resumed",
+                         dumps(payload))
+        if not await self.worker.store.set_waiting(event, waiting):
+            self.worker._lose(self.fence.job_id)
+            self.check()
+            raise OwnershipLost(f"job {self.fence.job_id} is no longer owned by epoch {self.fence.epoch}")
+
+    async def wait_command(self, kind: str, prompt: Any) -> Any:
+        self.check()
+        await self._read_commands()
+        command = self._take_command(kind)
+        if command is None:
+            await self._set_waiting(True, {"for": kind, "prompt": prompt})
+            self.worker._free_slot()  # waiting holds no worker slot
+            try:
+                delay = _COMMAND_POLL_MIN_S
+                while command is None:
+                    await asyncio.sleep(delay)
+                    self.check()
+                    try:
+                        await self._read_commands()
+                    except StoreUnavailable as exc:
+                        log.warning("reading commands of job %s failed: %s", self.fence.job_id, exc)
+                    command = self._take_command(kind)
+                    delay = min(delay * 1.5, _COMMAND_POLL_MAX_S)
+            finally:
+                self.worker._busy += 1  # take a slot back (briefly over the limit at worst: no new claims)
+            await self._set_waiting(False, {"command": kind, "seq": command.seq})
+        return command.payload
 
 
 class Worker:
