@@ -55,6 +55,9 @@ class WsSession:
         try:
             self.out.put_nowait(dumps(frame))
         except asyncio.QueueFull:
+            if not self.done.is_set():
+                log.warning("closing a websocket (%s): slow consumer, %d frames unread", self.who.tenant,
+                            self.out.qsize())
             self.finish(1008, "slow consumer: the client is not reading its frames")
 
     def finish(self, code: int | None = None, reason: str = "") -> None:
