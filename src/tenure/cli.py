@@ -33,6 +33,7 @@ def _setup_logging(level: str) -> None:
         level=getattr(logging, level.upper()), stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is noise for the CLI
 
 
 def _out(args: argparse.Namespace, data: Any, human: Callable[[], None]) -> None:

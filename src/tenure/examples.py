@@ -8,6 +8,7 @@
     crash_after_effect  increment a counter file, then sleep (crash tests) {"counter": "/tmp/c", "seconds": 30}
     converse            echo each input sent to the job until "bye"      (POST /v1/jobs/{id}/input)
     publish             ask for an approval, then publish or not         (POST /v1/jobs/{id}/approve)
+    hang                sleep past its 0.5 s timeout (the circuit breaker counts the timeouts)
 """
 
 from __future__ import annotations
@@ -123,3 +124,11 @@ async def publish(ctx: Context, input: Any) -> dict[str, Any]:
     if await ctx.approval(f"publish {draft!r}?"):
         return {"published": draft}
     return {"published": None, "reason": "rejected"}
+
+
+@app.agent("hang", timeout=0.5, max_attempts=1)
+async def hang(ctx: Context, input: Any) -> dict[str, Any]:
+    """Sleep past the agent's 0.5 s timeout: each run ends `dead` with error `timeout`, and the gateway's
+    circuit breaker for `hang` opens after TENURE_BREAKER_THRESHOLD of them within the window."""
+    await asyncio.sleep(float(_arg(input, "seconds", 10.0)))
+    return {"woke": True}

@@ -86,7 +86,8 @@ class Up:
         return {"Authorization": f"Bearer {KEYS[tenant] if tenant else ADMIN_KEY}"}
 
     def log(self) -> str:
-        self._log.flush()
+        if not self._log.closed:
+            self._log.flush()
         return self.log_path.read_text(errors="replace")
 
     def stop(self, timeout: float = 20.0) -> int | None:

@@ -21,7 +21,7 @@ _COMMON = {"401": _problem("no valid API key"), "404": _problem("no such job (or
 
 
 def openapi_document(agents: list[str]) -> dict[str, Any]:
-    """The document; `agents` are listed in the submit schema's description (not an enum: apps change)."""
+    """The document; `agents` (those this gateway admits) are the enum of a job request's `agent`."""
     job = {"$ref": "#/components/schemas/Job"}
     return {
         "openapi": "3.0.3",
@@ -37,11 +37,13 @@ def openapi_document(agents: list[str]) -> dict[str, Any]:
                     "type": "object", "required": ["agent"], "additionalProperties": False,
                     "description": "Registered agents: " + (", ".join(agents) or "none"),
                     "properties": {
-                        "agent": {"type": "string", "minLength": 1},
+                        "agent": {"type": "string", "enum": agents or [""]},
                         "input": {},
                         "priority": {"type": "integer", "minimum": 0, "maximum": 100, "nullable": True},
-                        "requires": {"type": "array", "items": {"type": "string"}},
-                        "deadline_s": {"type": "number", "exclusiveMinimum": True, "minimum": 0, "nullable": True},
+                        "requires": {"type": "array", "items": {"type": "string",
+                                                                "pattern": "^[A-Za-z0-9_.:/-]{1,64}$"}},
+                        "deadline_s": {"type": "number", "exclusiveMinimum": True, "minimum": 0,
+                                       "maximum": 604800, "nullable": True},
                         "max_attempts": {"type": "integer", "minimum": 1, "maximum": 100, "nullable": True},
                     },
                 },
