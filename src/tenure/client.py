@@ -41,13 +41,19 @@ class Client:
     """An async client of one gateway. `url` defaults to TENURE_URL, `api_key` to TENURE_API_KEY."""
 
     def __init__(
-        self, url: str | None = None, api_key: str | None = None, *, timeout: float = 30.0,
+        self,
+        url: str | None = None,
+        api_key: str | None = None,
+        *,
+        timeout: float = 30.0,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.url = (url or os.environ.get("TENURE_URL") or "http://127.0.0.1:8000").rstrip("/")
         key = api_key if api_key is not None else os.environ.get("TENURE_API_KEY")
         headers = {"Authorization": f"Bearer {key}"} if key else {}
-        self._http = httpx.AsyncClient(base_url=self.url, headers=headers, timeout=timeout, transport=transport)
+        self._http = httpx.AsyncClient(
+            base_url=self.url, headers=headers, timeout=timeout, transport=transport
+        )
 
     async def __aenter__(self) -> Client:
         return self
@@ -65,18 +71,31 @@ class Client:
                 problem = r.json()
             except ValueError:
                 problem = {"title": r.reason_phrase, "detail": r.text[:200]}
-            raise GatewayError(r.status_code, problem if isinstance(problem, dict) else {"detail": str(problem)})
+            raise GatewayError(
+                r.status_code, problem if isinstance(problem, dict) else {"detail": str(problem)}
+            )
         return r
 
     # -- jobs --------------------------------------------------------------------------------------------------------
     async def submit(
-        self, agent: str, input: Any = None, *, idempotency_key: str | None = None, priority: int | None = None,
-        requires: list[str] | None = None, deadline_s: float | None = None, max_attempts: int | None = None,
+        self,
+        agent: str,
+        input: Any = None,
+        *,
+        idempotency_key: str | None = None,
+        priority: int | None = None,
+        requires: list[str] | None = None,
+        deadline_s: float | None = None,
+        max_attempts: int | None = None,
     ) -> dict[str, Any]:
         """Admit a job; returns the job (the original one when the idempotency key was seen)."""
         body: dict[str, Any] = {"agent": agent, "input": input}
-        for k, v in (("priority", priority), ("requires", requires), ("deadline_s", deadline_s),
-                     ("max_attempts", max_attempts)):
+        for k, v in (
+            ("priority", priority),
+            ("requires", requires),
+            ("deadline_s", deadline_s),
+            ("max_attempts", max_attempts),
+        ):
             if v is not None:
                 body[k] = v
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
@@ -90,9 +109,17 @@ class Client:
         out: dict[str, Any] = r.json()
         return out
 
-    async def jobs(self, *, state: str | None = None, agent: str | None = None, limit: int = 50,
-                   cursor: str | None = None) -> dict[str, Any]:
-        params = {k: v for k, v in (("state", state), ("agent", agent), ("limit", limit), ("cursor", cursor)) if v}
+    async def jobs(
+        self,
+        *,
+        state: str | None = None,
+        agent: str | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> dict[str, Any]:
+        params = {
+            k: v for k, v in (("state", state), ("agent", agent), ("limit", limit), ("cursor", cursor)) if v
+        }
         out: dict[str, Any] = (await self._call("GET", "/v1/jobs", params=params)).json()
         return out
 
@@ -102,7 +129,9 @@ class Client:
         return str((await self._call("POST", f"/v1/jobs/{job_id}/cancel", params=params)).json()["outcome"])
 
     async def send_input(self, job_id: str, input: Any) -> str:
-        return str((await self._call("POST", f"/v1/jobs/{job_id}/input", json={"input": input})).json()["outcome"])
+        return str(
+            (await self._call("POST", f"/v1/jobs/{job_id}/input", json={"input": input})).json()["outcome"]
+        )
 
     async def approve(self, job_id: str, approved: bool = True, comment: str | None = None) -> str:
         body: dict[str, Any] = {"approved": approved}
@@ -129,12 +158,14 @@ class Client:
         params: dict[str, Any] = {"format": "json", "limit": limit}
         if after:
             params["after"] = after
-        out: list[dict[str, Any]] = (await self._call("GET", f"/v1/jobs/{job_id}/events", params=params)).json()[
-            "events"]
+        out: list[dict[str, Any]] = (
+            await self._call("GET", f"/v1/jobs/{job_id}/events", params=params)
+        ).json()["events"]
         return out
 
-    async def stream(self, job_id: str, after: str | None = None, *, reconnect: bool = True) -> AsyncIterator[
-            dict[str, Any]]:
+    async def stream(
+        self, job_id: str, after: str | None = None, *, reconnect: bool = True
+    ) -> AsyncIterator[dict[str, Any]]:
         """The job's events over SSE until its terminal event. After a dropped connection it reconnects with
         `Last-Event-ID` = the last id received, so the events it yields have no gap and no duplicate."""
         last, last_type = after, None
@@ -155,7 +186,9 @@ class Client:
         if after:
             headers["Last-Event-ID"] = after
         timeout = httpx.Timeout(self._http.timeout.connect, read=None)
-        async with self._http.stream("GET", f"/v1/jobs/{job_id}/events", headers=headers, timeout=timeout) as r:
+        async with self._http.stream(
+            "GET", f"/v1/jobs/{job_id}/events", headers=headers, timeout=timeout
+        ) as r:
             if r.status_code >= 400:
                 await r.aread()
                 raise GatewayError(r.status_code, r.json())

@@ -41,8 +41,12 @@ async def supervise(
 ) -> int:
     """Run until SIGINT / SIGTERM; return 0 after a clean stop."""
     exe = [sys.executable, "-m", "tenure.cli"]
-    children = [Child("gateway", [*exe, "gateway", "--host", host, "--port", str(port),
-                                  *(["--inline"] if inline else [])])]
+    children = [
+        Child(
+            "gateway",
+            [*exe, "gateway", "--host", host, "--port", str(port), *(["--inline"] if inline else [])],
+        )
+    ]
     children += [Child(f"worker-{i + 1}", [*exe, "worker"]) for i in range(workers)]
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -60,8 +64,12 @@ async def supervise(
         for c in children:
             await c.start(env)
             watchers.append(tg.create_task(watch(c)))
-        print(f"tenure up: gateway on http://{host}:{port}, {workers} worker(s)"
-              f"{' + 1 inline' if inline else ''}; Ctrl-C stops everything", file=sys.stderr, flush=True)
+        print(
+            f"tenure up: gateway on http://{host}:{port}, {workers} worker(s)"
+            f"{' + 1 inline' if inline else ''}; Ctrl-C stops everything",
+            file=sys.stderr,
+            flush=True,
+        )
         stopper = tg.create_task(stop.wait())
         while not stop.is_set():
             getter = tg.create_task(exited.get())
@@ -71,8 +79,13 @@ async def supervise(
                 break
             child = getter.result()
             assert child.proc is not None
-            log.warning("%s (pid %d) exited with %s; restarting in %.1fs", child.name, child.proc.pid,
-                        child.proc.returncode, child.delay)
+            log.warning(
+                "%s (pid %d) exited with %s; restarting in %.1fs",
+                child.name,
+                child.proc.pid,
+                child.proc.returncode,
+                child.delay,
+            )
             if time.monotonic() - child.started > 60:
                 child.delay = 0.5
             try:

@@ -29,8 +29,13 @@ def test_every_operation_answers_as_documented(fuzz_up: Up) -> None:
     assert len(operations) >= 10
     for op in operations:
 
-        @settings(max_examples=25, deadline=None, database=None, derandomize=True,
-                  suppress_health_check=list(HealthCheck))
+        @settings(
+            max_examples=25,
+            deadline=None,
+            database=None,
+            derandomize=True,
+            suppress_health_check=list(HealthCheck),
+        )
         @given(case=op.as_strategy())
         def check(case: schemathesis.Case) -> None:
             response = case.call(base_url=fuzz_up.url, headers=fuzz_up.headers())

@@ -21,11 +21,17 @@ pytestmark = pytest.mark.slow
 
 
 async def test_queue_caps_and_the_circuit_breaker_answer_429_and_503(tmp_path: Path) -> None:
-    up = Up(f"sqlite:///{tmp_path}/t.db", tmp_path, workers=1, env={
-        "TENURE_MAX_QUEUED": "3", "TENURE_MAX_QUEUED_PER_TENANT": "2", "TENURE_BREAKER_THRESHOLD": "2"})
+    up = Up(
+        f"sqlite:///{tmp_path}/t.db",
+        tmp_path,
+        workers=1,
+        env={"TENURE_MAX_QUEUED": "3", "TENURE_MAX_QUEUED_PER_TENANT": "2", "TENURE_BREAKER_THRESHOLD": "2"},
+    )
     try:
-        async with httpx.AsyncClient(base_url=up.url, headers=up.headers("tenant-a")) as a, \
-                httpx.AsyncClient(base_url=up.url, headers=up.headers("tenant-b")) as b:
+        async with (
+            httpx.AsyncClient(base_url=up.url, headers=up.headers("tenant-a")) as a,
+            httpx.AsyncClient(base_url=up.url, headers=up.headers("tenant-b")) as b,
+        ):
             parked = {"agent": "echo", "requires": IMPOSSIBLE}
             first = (await a.post("/v1/jobs", json=parked)).json()
             assert (await a.post("/v1/jobs", json=parked)).status_code == 201
@@ -88,8 +94,14 @@ async def cli(up: Up, *args: str) -> tuple[int, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TENURE_")}
     env.update({"TENURE_URL": up.url, "TENURE_API_KEY": KEYS["tenant-a"], "PYTHONPATH": str(ROOT)})
     proc = await asyncio.create_subprocess_exec(
-        PYTHON, "-m", "tenure.cli", *args, env=env, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE, cwd=ROOT,
+        PYTHON,
+        "-m",
+        "tenure.cli",
+        *args,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        cwd=ROOT,
     )
     out, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode is not None
@@ -102,8 +114,11 @@ async def test_cli_client_commands_go_through_the_gateway(tmp_path: Path) -> Non
     try:
         code, out = await cli(up, "submit", "sleep", "--input", '{"seconds": 0.2, "every": 0.05}', "--follow")
         assert code == 0, out
-        assert "execution.started" in out and "progress" in out and out.rstrip().splitlines()[-1].split()[2] == (
-            "job.succeeded")
+        assert (
+            "execution.started" in out
+            and "progress" in out
+            and out.rstrip().splitlines()[-1].split()[2] == ("job.succeeded")
+        )
         code, out = await cli(up, "submit", "echo", "--input", "{}", "--json")
         job_id = json.loads(out)["id"]
         code, out = await cli(up, "tail", job_id, "--json")

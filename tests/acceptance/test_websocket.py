@@ -40,8 +40,17 @@ async def recv(ws: ClientConnection) -> dict[str, Any]:
 
 async def test_one_socket_submits_subscribes_resumes_and_controls(up: Up) -> None:
     async with connect(up) as ws:
-        await ws.send(json.dumps({"op": "submit", "ref": 1, "agent": "sleep", "input": {"seconds": 0.3,
-                                  "every": 0.1}, "subscribe": True}))
+        await ws.send(
+            json.dumps(
+                {
+                    "op": "submit",
+                    "ref": 1,
+                    "agent": "sleep",
+                    "input": {"seconds": 0.3, "every": 0.1},
+                    "subscribe": True,
+                }
+            )
+        )
         submitted = await recv(ws)
         assert submitted["op"] == "submitted" and submitted["ref"] == 1 and submitted["created"]
         job_id = submitted["job"]["id"]
@@ -77,9 +86,14 @@ async def test_one_socket_submits_subscribes_resumes_and_controls(up: Up) -> Non
 async def test_bad_frames_get_errors_and_the_socket_keeps_serving(up: Up) -> None:
     async with connect(up) as ws:
         for frame, status in [
-            ("{not json", 400), ("[1,2]", 400), ('{"op": 5}', 400), ('{"op": "dance"}', 400),
-            ('{"op": "submit", "agent": "nope"}', 422), ('{"op": "submit", "agent": "echo", "priority": "x"}', 422),
-            ('{"op": "subscribe"}', 400), ('{"op": "subscribe", "job_id": "nope"}', 404),
+            ("{not json", 400),
+            ("[1,2]", 400),
+            ('{"op": 5}', 400),
+            ('{"op": "dance"}', 400),
+            ('{"op": "submit", "agent": "nope"}', 422),
+            ('{"op": "submit", "agent": "echo", "priority": "x"}', 422),
+            ('{"op": "subscribe"}', 400),
+            ('{"op": "subscribe", "job_id": "nope"}', 404),
             ('{"op": "cancel", "job_id": "00000000-0000-7000-8000-000000000000"}', 404),
         ]:
             await ws.send(frame)
@@ -128,12 +142,19 @@ async def test_a_socket_that_never_reads_is_closed_and_others_are_served(up: Up)
     sock = writer.get_extra_info("socket")
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     key = base64.b64encode(os.urandom(16)).decode()
-    writer.write((f"GET /v1/ws HTTP/1.1\r\nHost: 127.0.0.1:{up.port}\r\nUpgrade: websocket\r\n"
-                  f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n"
-                  f"Authorization: Bearer {KEYS['tenant-a']}\r\n\r\n").encode())
+    writer.write(
+        (
+            f"GET /v1/ws HTTP/1.1\r\nHost: 127.0.0.1:{up.port}\r\nUpgrade: websocket\r\n"
+            f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n"
+            f"Authorization: Bearer {KEYS['tenant-a']}\r\n\r\n"
+        ).encode()
+    )
     assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 101")
-    writer.write(_client_frame(json.dumps({"op": "submit", "agent": "stream", "input": {"count": 60000},
-                                           "subscribe": True})))
+    writer.write(
+        _client_frame(
+            json.dumps({"op": "submit", "agent": "stream", "input": {"count": 60000}, "subscribe": True})
+        )
+    )
     await writer.drain()
     try:
         async with httpx.AsyncClient(base_url=up.url, headers=up.headers(), timeout=10) as c:

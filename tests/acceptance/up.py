@@ -46,9 +46,18 @@ def descendants(pid: int) -> list[int]:
 class Up:
     """One `tenure up` subprocess on a free port."""
 
-    def __init__(self, database_url: str, log_dir: Path, *, workers: int = 2, inline: bool = False,
-                 env: dict[str, str] | None = None, app: str = "tenure.examples:app", keys: bool = True,
-                 name: str = "up") -> None:
+    def __init__(
+        self,
+        database_url: str,
+        log_dir: Path,
+        *,
+        workers: int = 2,
+        inline: bool = False,
+        env: dict[str, str] | None = None,
+        app: str = "tenure.examples:app",
+        keys: bool = True,
+        name: str = "up",
+    ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_dir / f"{name}.log"
@@ -59,12 +68,13 @@ class Up:
             full["TENURE_API_KEYS"] = ",".join(f"{t}:{k}" for t, k in KEYS.items())
             full["TENURE_ADMIN_KEY"] = ADMIN_KEY
         full.update(env or {})
-        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self._log = open(self.log_path, "wb")
         argv = [PYTHON, "-m", "tenure.cli", "up", "--port", str(self.port), "--workers", str(workers)]
         if inline:
             argv.append("--inline")
-        self.proc = subprocess.Popen(argv, env=full, stdout=self._log, stderr=subprocess.STDOUT,
-                                     start_new_session=True, cwd=ROOT)
+        self.proc = subprocess.Popen(
+            argv, env=full, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT
+        )
         self._wait_ready(workers + (1 if inline else 0))
 
     def _wait_ready(self, workers: int, timeout: float = 30.0) -> None:

@@ -91,7 +91,9 @@ def _int_param(request: Request, name: str, default: int, lo: int, hi: int) -> i
     try:
         value = int(text)
     except ValueError:
-        raise Problem(400, "Bad parameter", f"{name} must be an integer, not {text!r}", "bad-parameter") from None
+        raise Problem(
+            400, "Bad parameter", f"{name} must be an integer, not {text!r}", "bad-parameter"
+        ) from None
     if not lo <= value <= hi:
         raise Problem(400, "Bad parameter", f"{name} must be from {lo} to {hi}, not {value}", "bad-parameter")
     return value
@@ -103,7 +105,9 @@ def check_submit_body(body: Any, tenant: str, key: str | None) -> JobRequest:
         raise InvalidRequest("the request body must be a JSON object")
     unknown = set(body) - SUBMIT_FIELDS
     if unknown:
-        raise InvalidRequest(f"unknown fields: {', '.join(sorted(unknown))} (allowed: {', '.join(sorted(SUBMIT_FIELDS))})")
+        raise InvalidRequest(
+            f"unknown fields: {', '.join(sorted(unknown))} (allowed: {', '.join(sorted(SUBMIT_FIELDS))})"
+        )
     agent = body.get("agent")
     if not isinstance(agent, str) or not agent:
         raise InvalidRequest("agent is required: the name of a registered agent")
@@ -121,8 +125,16 @@ def check_submit_body(body: Any, tenant: str, key: str | None) -> JobRequest:
         requires = []
     if not isinstance(requires, list) or not all(isinstance(t, str) for t in requires):
         raise InvalidRequest("requires must be a list of capability tags")
-    return JobRequest(agent, body.get("input"), body.get("priority"), requires, deadline,
-                      body.get("max_attempts"), key, tenant)
+    return JobRequest(
+        agent,
+        body.get("input"),
+        body.get("priority"),
+        requires,
+        deadline,
+        body.get("max_attempts"),
+        key,
+        tenant,
+    )
 
 
 class Gateway:
@@ -164,7 +176,9 @@ class Gateway:
         self.asgi = Starlette(
             routes=routes,
             exception_handlers={
-                Problem: self._problem, HTTPException: self._http_error, TenureError: self._tenure_error,
+                Problem: self._problem,
+                HTTPException: self._http_error,
+                TenureError: self._tenure_error,
                 Exception: self._crash,
             },
             lifespan=self._lifespan,
@@ -200,7 +214,9 @@ class Gateway:
 
     async def _crash(self, _request: Any, exc: Exception) -> Response:
         log.error("unhandled error in the gateway", exc_info=exc)
-        return Problem(500, "Internal error", "the gateway failed on this request; it is logged", "internal").response()
+        return Problem(
+            500, "Internal error", "the gateway failed on this request; it is logged", "internal"
+        ).response()
 
     # -- helpers -----------------------------------------------------------------------------------------------------
     def _principal(self, request: Request) -> Principal:
@@ -220,7 +236,9 @@ class Gateway:
         async for chunk in request.stream():
             size += len(chunk)
             if size > limit:
-                raise Problem(413, "Body too large", f"the request body is over {limit} bytes", "body-too-large")
+                raise Problem(
+                    413, "Body too large", f"the request body is over {limit} bytes", "body-too-large"
+                )
             chunks.append(chunk)
         raw = b"".join(chunks)
         if not raw.strip():
@@ -276,10 +294,14 @@ class Gateway:
             try:
                 state = JobState(q["state"])
             except ValueError:
-                raise Problem(400, "Bad parameter", f"unknown state {q['state']!r}", "bad-parameter") from None
+                raise Problem(
+                    400, "Bad parameter", f"unknown state {q['state']!r}", "bad-parameter"
+                ) from None
         cursor = q.get("cursor") or None
         if cursor is not None and not _is_uuid(cursor):
-            raise Problem(400, "Bad cursor", "cursor is the id of the last job of the previous page", "bad-cursor")
+            raise Problem(
+                400, "Bad cursor", "cursor is the id of the last job of the previous page", "bad-cursor"
+            )
         limit = _int_param(request, "limit", 50, 1, MAX_LIST)
         jobs = await self.store.list_jobs(JobFilter(who.tenant, state, q.get("agent") or None, cursor, limit))
         nxt = jobs[-1].id if len(jobs) == limit else None
@@ -298,8 +320,13 @@ class Gateway:
         if outcome is ControlOutcome.UNKNOWN:
             raise Problem(404, "Not found", f"no job {job_id}", "not-found", outcome=outcome.value)
         if kind != "cancel" and outcome is ControlOutcome.ALREADY_FINISHED:
-            raise Problem(409, "Job finished", f"job {job_id} is finished; nothing was sent", "already-finished",
-                          outcome=outcome.value)
+            raise Problem(
+                409,
+                "Job finished",
+                f"job {job_id} is finished; nothing was sent",
+                "already-finished",
+                outcome=outcome.value,
+            )
         if kind == "cancel" and wait_s and outcome is ControlOutcome.REQUESTED:
             outcome = await self._await_cancel(who, job_id, wait_s)
         status = 202 if outcome is ControlOutcome.REQUESTED else 200
@@ -310,7 +337,11 @@ class Gateway:
         while asyncio.get_running_loop().time() < deadline:
             job = await self._load(job_id, who)
             if job.state.terminal:
-                return ControlOutcome.ACCEPTED if job.state is JobState.CANCELLED else ControlOutcome.ALREADY_FINISHED
+                return (
+                    ControlOutcome.ACCEPTED
+                    if job.state is JobState.CANCELLED
+                    else ControlOutcome.ALREADY_FINISHED
+                )
             await asyncio.sleep(0.05)
         return ControlOutcome.REQUESTED
 
@@ -340,8 +371,14 @@ class Gateway:
             limit = _int_param(request, "limit", 1000, 1, 10000)
             events = await self.store.read_events(job.id, after, limit)
             nxt = events[-1].cursor if events else (after_text or None)
-            return JSONResponse({"job_id": job.id, "events": [e.to_dict() for e in events], "next": nxt,
-                                 "state": job.state.value})
+            return JSONResponse(
+                {
+                    "job_id": job.id,
+                    "events": [e.to_dict() for e in events],
+                    "next": nxt,
+                    "state": job.state.value,
+                }
+            )
         if q.get("format") not in (None, "sse"):
             raise Problem(400, "Bad parameter", "format is json or sse", "bad-parameter")
         last_id = request.headers.get("last-event-id")
@@ -360,7 +397,8 @@ class Gateway:
                 )
 
         return StreamingResponse(
-            stream(), media_type="text/event-stream",
+            stream(),
+            media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
 
@@ -421,8 +459,12 @@ def _float(text: str, name: str) -> float:
 
 def _approval(body: Any) -> dict[str, Any]:
     if not isinstance(body, dict) or set(body) - {"approved", "comment"}:
-        raise Problem(422, "Invalid request", 'the body is {"approved": bool, "comment": str} (both optional)',
-                      "invalid-request")
+        raise Problem(
+            422,
+            "Invalid request",
+            'the body is {"approved": bool, "comment": str} (both optional)',
+            "invalid-request",
+        )
     approved = body.get("approved", True)
     comment = body.get("comment")
     if not isinstance(approved, bool) or (comment is not None and not isinstance(comment, str)):

@@ -34,18 +34,30 @@ class Problem(Exception):
         self.headers: dict[str, str] = {}
 
     def body(self) -> dict[str, Any]:
-        return {"type": TYPE_BASE + self.kind, "title": self.title, "status": self.status, "detail": self.detail,
-                **self.extra}
+        return {
+            "type": TYPE_BASE + self.kind,
+            "title": self.title,
+            "status": self.status,
+            "detail": self.detail,
+            **self.extra,
+        }
 
     def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), self.status, headers=self.headers, media_type="application/problem+json")
+        return JSONResponse(
+            self.body(), self.status, headers=self.headers, media_type="application/problem+json"
+        )
 
 
 def from_error(exc: TenureError) -> Problem:
     """The problem for one of Tenure's own errors."""
     if isinstance(exc, IdempotencyConflict):
-        return Problem(409, "Idempotency key reused", str(exc), "idempotency-conflict",
-                       existing_job_id=exc.existing_job_id)
+        return Problem(
+            409,
+            "Idempotency key reused",
+            str(exc),
+            "idempotency-conflict",
+            existing_job_id=exc.existing_job_id,
+        )
     if isinstance(exc, UnknownAgent):
         return Problem(422, "Unknown agent", str(exc), "unknown-agent")
     if isinstance(exc, InputTooLarge):
@@ -63,7 +75,9 @@ def from_error(exc: TenureError) -> Problem:
         p.headers["Retry-After"] = str(exc.retry_after_s)
         return p
     if isinstance(exc, StoreUnavailable):
-        p = Problem(503, "Store unavailable", "the job store did not answer; retry shortly", "store-unavailable")
+        p = Problem(
+            503, "Store unavailable", "the job store did not answer; retry shortly", "store-unavailable"
+        )
         p.headers["Retry-After"] = "1"
         return p
     return Problem(500, "Internal error", f"{exc.code}: {exc}", "internal")

@@ -56,8 +56,11 @@ class WsSession:
             self.out.put_nowait(dumps(frame))
         except asyncio.QueueFull:
             if not self.done.is_set():
-                log.warning("closing a websocket (%s): slow consumer, %d frames unread", self.who.tenant,
-                            self.out.qsize())
+                log.warning(
+                    "closing a websocket (%s): slow consumer, %d frames unread",
+                    self.who.tenant,
+                    self.out.qsize(),
+                )
             self.finish(1008, "slow consumer: the client is not reading its frames")
 
     def finish(self, code: int | None = None, reason: str = "") -> None:
@@ -109,7 +112,9 @@ class WsSession:
         try:
             frame = json.loads(text)
         except ValueError as exc:
-            self._error(None, Problem(400, "Malformed JSON", f"the frame is not valid JSON: {exc}", "bad-json"))
+            self._error(
+                None, Problem(400, "Malformed JSON", f"the frame is not valid JSON: {exc}", "bad-json")
+            )
             return
         ref = frame.get("ref") if isinstance(frame, dict) else None
         try:
@@ -187,7 +192,9 @@ class WsSession:
         if job_id in self.subs:
             self.subs.pop(job_id).cancel()
         if len(self.subs) >= self.gw.config.ws_max_subscriptions:
-            raise Problem(429, "Too many subscriptions", "unsubscribe from a job first", "too-many-subscriptions")
+            raise Problem(
+                429, "Too many subscriptions", "unsubscribe from a job first", "too-many-subscriptions"
+            )
         assert self._tg is not None
         sub = self.gw.hub.subscribe(job_id, cursor)
         self.send({"op": "subscribed", "ref": ref, "job_id": job_id})
@@ -196,8 +203,13 @@ class WsSession:
             async for batch in sub.batches():
                 for e in batch:
                     self.send({"op": "event", "job_id": job_id, "event": e.to_dict()})
-            self.send({"op": "end", "job_id": job_id, "cursor": None if sub.cursor is None else
-                       f"{sub.cursor[0]}-{sub.cursor[1]}"})
+            self.send(
+                {
+                    "op": "end",
+                    "job_id": job_id,
+                    "cursor": None if sub.cursor is None else f"{sub.cursor[0]}-{sub.cursor[1]}",
+                }
+            )
             if self.subs.get(job_id) is asyncio.current_task():
                 del self.subs[job_id]
 
