@@ -11,7 +11,8 @@ over real HTTP on loopback:
   events / (first event received → last event received);
 - fan-out latency: `ctx.emit` stamps `time.time()` in each payload; the client subtracts it on arrival
   (same machine clock): p50 / p99 for 1 stream, and for `--streams` concurrent streams (one job each,
-  one event every 10 ms);
+  100 events, one every `--every` seconds, flushed: an interactive pace, not a flood — the client is one
+  Python process and would otherwise measure its own parsing);
 - idle connections: `--idle` SSE clients on jobs parked in `ctx.next_input()` (no events); the gateway
   process's resident memory (VmRSS) before and after, per connection.
 
@@ -126,7 +127,9 @@ async def measure(url: str, args: argparse.Namespace, gateway_pid: int) -> dict[
             lat: list[float] = []
             jobs = [
                 (
-                    await c.post("/v1/jobs", json={"agent": "ticks", "input": {"count": 200, "every": 0.01}})
+                    await c.post(
+                        "/v1/jobs", json={"agent": "ticks", "input": {"count": 100, "every": args.every}}
+                    )
                 ).json()
                 for _ in range(streams)
             ]
@@ -174,6 +177,7 @@ def main() -> int:
     p.add_argument("--events", type=int, default=20000)
     p.add_argument("--streams", type=int, default=100)
     p.add_argument("--idle", type=int, default=1000)
+    p.add_argument("--every", type=float, default=0.05, help="seconds between events of a paced stream")
     args = p.parse_args()
     tmp = tempfile.mkdtemp(prefix="tenure-bench-stream-")
     db = args.database_url or f"sqlite:///{tmp}/tenure.db"

@@ -495,3 +495,18 @@ async def test_wait_for_events_tells_of_appended_events(store: Store, database_u
             assert any(n.job_ids is None or job_id in n.job_ids for n in notices)
     finally:
         await writer.close()
+
+
+async def test_read_events_many_reads_several_histories_after_their_own_cursors(store: Store) -> None:
+    jobs = []
+    for _ in range(2):
+        await submit(store)
+        claim = await claim_one(store)
+        execution_id = await start_one(store, claim)
+        await store.append_events([NewEvent(claim.fence, execution_id, s, "e", "{}") for s in (2, 3, 4)])
+        jobs.append(claim.fence.job_id)
+    a, b = jobs
+    got = await store.read_events_many([(a, (1, 2)), (b, None), (new_id(), None)], 2)
+    assert sorted((e.job_id, e.seq) for e in got) == sorted([(a, 3), (a, 4), (b, 1), (b, 2)])
+    assert [e.seq for e in got if e.job_id == a] == [3, 4]
+    assert await store.read_events_many([], 10) == []

@@ -130,6 +130,13 @@ class Store(Protocol):
         """A job's history in cursor order, strictly after `after` (epoch, seq)."""
         ...
 
+    async def read_events_many(
+        self, cursors: Sequence[tuple[str, tuple[int, int] | None]], limit: int
+    ) -> list[Event]:
+        """The histories of several jobs, each strictly after its own cursor, at most `limit` events per job,
+        in cursor order within each job: one round trip for a gateway's many live streams."""
+        ...
+
     async def list_executions(self, job_id: str) -> list[Execution]:
         """Every recorded attempt of a job."""
         ...

@@ -48,7 +48,13 @@ class Subscription:
         self.idle_s = idle_s
         self._pending: list[Event] = []
         self._dirty = True
+        self._primed = False  # has read its history once: from then on the hub may feed it
         self._wake = asyncio.Event()
+
+    @property
+    def caught_up(self) -> bool:
+        """Reading live: its own history read is done, so the hub's batched reads can feed it."""
+        return self._primed and not self._dirty
 
     def poke(self) -> None:
         self._dirty = True
@@ -95,6 +101,8 @@ class Subscription:
                         continue
                     if len(batch) == _HISTORY_PAGE:
                         self._dirty = True
+                    else:
+                        self._primed = True
                     if not batch and last_type in TERMINAL_EVENTS:
                         return  # the terminal event was the last: the stream is complete
                 else:
@@ -142,22 +150,44 @@ class EventHub:
     def subscribers(self) -> int:
         return sum(len(s) for s in self._subs.values())
 
-    def dispatch(self, notice: EventNotice) -> None:
-        if notice.job_ids is None:
-            for subs in self._subs.values():
-                for sub in subs:
-                    sub.poke()
-            return
-        for job_id in notice.job_ids:
-            watching = self._subs.get(job_id)
-            if not watching:
-                continue
-            events = [e for e in notice.events if e.job_id == job_id]
-            for sub in watching:
-                if events:
+    async def dispatch(self, notice: EventNotice) -> None:
+        """Hand a notice's events to the subscribers of their jobs; a notice without events (SQLite, a
+        reference over NOTIFY's limit) becomes one batched history read for every caught-up subscriber."""
+        if notice.events:
+            assert notice.job_ids is not None
+            for job_id in notice.job_ids:
+                events = [e for e in notice.events if e.job_id == job_id]
+                for sub in self._subs.get(job_id, ()):
                     sub.push(events)
-                else:
-                    sub.poke()
+            return
+        await self._catch_up(notice.job_ids)
+
+    async def _catch_up(self, job_ids: frozenset[str] | None) -> None:
+        # One read for all the streams of this process, not one per stream: with many live streams each
+        # change of the database would otherwise cost as many queries as there are subscribers.
+        subs = [s for jid, ss in self._subs.items() if job_ids is None or jid in job_ids for s in ss]
+        live = [s for s in subs if s.caught_up]
+        for s in subs:
+            if not s.caught_up:
+                s.poke()  # still reading its own history: it will see everything there
+        if not live:
+            return
+        cursors = sorted({(s.job_id, s.cursor) for s in live}, key=lambda c: (c[0], c[1] or (-1, -1)))
+        try:
+            events = await self.store.read_events_many(cursors, _HISTORY_PAGE)
+        except StoreUnavailable:
+            for s in live:
+                s.poke()
+            return
+        by_job: dict[str, list[Event]] = {}
+        for e in events:
+            by_job.setdefault(e.job_id, []).append(e)
+        full = {j for j, evs in by_job.items() if len(evs) >= _HISTORY_PAGE}
+        for s in live:
+            if s.job_id in full:
+                s.poke()  # far behind: let it page through the history itself
+            elif s.job_id in by_job:
+                s.push(by_job[s.job_id])
 
     async def run(self) -> None:
         """Forever: wait for notices and dispatch them. A store failure makes every subscriber re-read."""
@@ -168,5 +198,7 @@ class EventHub:
                 log.warning("event notices unavailable, subscribers poll the history: %s", exc)
                 await asyncio.sleep(0.5)
                 notices = [EventNotice(None)]
+            if any(n.job_ids is None and not n.events for n in notices):
+                notices = [n for n in notices if n.events] + [EventNotice(None)]  # one catch-up covers all
             for n in notices:
-                self.dispatch(n)
+                await self.dispatch(n)

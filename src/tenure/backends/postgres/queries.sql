@@ -472,3 +472,14 @@ WITH u AS (
     SELECT tenure_notify_events(NULL, ARRAY[job_id::text]) FROM ev
 )
 SELECT id::text, (SELECT count(*) FROM wake) AS woke FROM u
+
+-- name: read_events_many --
+-- Several jobs' histories, each after its own cursor and at most $4 events per job, in one round trip.
+SELECT x.job_id::text, e.execution_id::text, e.epoch, e.seq, e.type, e.payload::text,
+       extract(epoch FROM e.ts)::float8 AS ts
+  FROM unnest($1::uuid[], $2::int4[], $3::int4[]) AS x(job_id, epoch, seq)
+ CROSS JOIN LATERAL (
+        SELECT * FROM events AS ev
+         WHERE ev.job_id = x.job_id AND (ev.epoch, ev.seq) > (x.epoch, x.seq)
+         ORDER BY ev.epoch, ev.seq LIMIT $4) AS e
+ ORDER BY x.job_id, e.epoch, e.seq

@@ -400,6 +400,19 @@ class PostgresStore:
             Event(job_id, r[0], r[1], r[2], r[3], None if r[4] is None else json.loads(r[4]), r[5]) for r in rows
         ]
 
+    async def read_events_many(
+        self, cursors: Sequence[tuple[str, tuple[int, int] | None]], limit: int
+    ) -> list[Event]:
+        valid = [(j, c if c is not None else (-1, -1)) for j, c in cursors if _is_uuid(j)]
+        if not valid:
+            return []
+        async with self._conn("read_events_many") as conn:
+            rows = await conn.fetch(
+                Q["read_events_many"], [j for j, _ in valid], [c[0] for _, c in valid], [c[1] for _, c in valid],
+                limit,
+            )
+        return [Event(r[0], r[1], r[2], r[3], r[4], None if r[5] is None else json.loads(r[5]), r[6]) for r in rows]
+
     async def list_executions(self, job_id: str) -> list[Execution]:
         async with self._conn("list_executions") as conn:
             rows = await conn.fetch(Q["list_executions"], job_id)

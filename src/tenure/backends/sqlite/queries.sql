@@ -282,3 +282,9 @@ SELECT seq, kind, payload, created_at FROM job_commands WHERE job_id = ?1 AND se
 -- Fenced running <-> waiting: epoch, token and execution must match, and the job must be in the expected state.
 UPDATE jobs SET state = ?5, updated_at = {now}
  WHERE id = ?1 AND epoch = ?2 AND token = ?3 AND execution_id = ?4 AND state = ?6
+
+-- name: read_events_many --
+-- One job's history after a cursor (run once per job of a batch, all in one hop to the connection thread).
+SELECT execution_id, epoch, seq, type, payload, ts FROM events
+ WHERE job_id = ?1 AND (epoch > ?2 OR (epoch = ?2 AND seq > ?3))
+ ORDER BY epoch, seq LIMIT ?4

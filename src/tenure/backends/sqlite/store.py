@@ -434,6 +434,22 @@ class SqliteStore:
         )
         return [Event(job_id, r[0], r[1], r[2], r[3], None if r[4] is None else json.loads(r[4]), r[5]) for r in rows]
 
+    async def read_events_many(
+        self, cursors: Sequence[tuple[str, tuple[int, int] | None]], limit: int
+    ) -> list[Event]:
+        if not cursors:
+            return []
+
+        def fn(db: sqlite3.Connection) -> list[Event]:
+            out = []
+            for job_id, after in cursors:
+                epoch, seq = after if after is not None else (-1, -1)
+                for r in db.execute(Q["read_events_many"], (job_id, epoch, seq, limit)).fetchall():
+                    out.append(Event(job_id, r[0], r[1], r[2], r[3], None if r[4] is None else json.loads(r[4]), r[5]))
+            return out
+
+        return await self._run(lambda: self._read(fn), "read_events_many")
+
     async def list_executions(self, job_id: str) -> list[Execution]:
         rows = await self._run(
             lambda: self._read(lambda db: db.execute(Q["list_executions"], (job_id,)).fetchall())
