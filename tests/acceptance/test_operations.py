@@ -34,9 +34,14 @@ async def test_queue_caps_and_the_circuit_breaker_answer_429_and_503(tmp_path: P
         ):
             parked = {"agent": "echo", "requires": IMPOSSIBLE}
             first = (await a.post("/v1/jobs", json=parked)).json()
-            assert (await a.post("/v1/jobs", json=parked)).status_code == 201
+            keyed = await a.post("/v1/jobs", json=parked, headers={"Idempotency-Key": "kept"})
+            assert keyed.status_code == 201
             r = await a.post("/v1/jobs", json=parked)
             assert "tenant-a" in is_problem(r, 429)["detail"] and int(r.headers["retry-after"]) >= 1
+            replay = await a.post("/v1/jobs", json=parked, headers={"Idempotency-Key": "kept"})
+            assert (replay.status_code, replay.json()["id"]) == (200, keyed.json()["id"])  # over the cap too
+            changed = {**parked, "input": 2}
+            is_problem(await a.post("/v1/jobs", json=changed, headers={"Idempotency-Key": "kept"}), 409)
             assert (await b.post("/v1/jobs", json=parked)).status_code == 201  # 3 waiting in all
             assert "limit is 3" in is_problem(await b.post("/v1/jobs", json=parked), 429)["detail"]
             assert (await a.post(f"/v1/jobs/{first['id']}/cancel")).json()["outcome"] == "accepted"

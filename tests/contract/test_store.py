@@ -510,3 +510,13 @@ async def test_read_events_many_reads_several_histories_after_their_own_cursors(
     assert sorted((e.job_id, e.seq) for e in got) == sorted([(a, 3), (a, 4), (b, 1), (b, 2)])
     assert [e.seq for e in got if e.job_id == a] == [3, 4]
     assert await store.read_events_many([], 10) == []
+
+
+async def test_find_idempotent_answers_only_the_tenants_own_key(store: Store) -> None:
+    from tenure.control.admission import idem_digest
+
+    a = await admission(store).submit(JobRequest("echo", 1, idempotency_key="k", tenant="a"))
+    found = await store.find_idempotent("a", idem_digest("a", "k"))
+    assert found is not None and found[0] == a.job_id and len(found[1]) == 32
+    assert await store.find_idempotent("b", idem_digest("a", "k")) is None
+    assert await store.find_idempotent("a", idem_digest("a", "other")) is None

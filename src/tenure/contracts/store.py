@@ -159,6 +159,10 @@ class Store(Protocol):
         """Jobs waiting to start (queued or scheduled), counted in the shared store: (all tenants, `tenant`)."""
         ...
 
+    async def find_idempotent(self, tenant: str, idem_digest: bytes) -> tuple[str, bytes] | None:
+        """The job a tenant created with this idempotency digest, and its request fingerprint, if any."""
+        ...
+
     async def record_circuit_failure(self, key: str) -> None:
         """Count one failure (a timeout) in the sliding window of circuit `key`, on the server's clock."""
         ...

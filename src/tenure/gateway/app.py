@@ -32,12 +32,12 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
-from tenure.contracts.errors import InvalidRequest, TenureError
+from tenure.contracts.errors import IdempotencyConflict, InvalidRequest, TenureError
 from tenure.contracts.states import JobState
 from tenure.contracts.store import Store
 from tenure.contracts.types import AgentSpec, ControlOutcome, Enqueued, Job, JobFilter, dumps, parse_cursor
 from tenure.control.admission import Admission, AdmissionLimits, JobRequest
-from tenure.control.gate import Gate, GateConfig, InFlight
+from tenure.control.gate import CircuitOpen, Gate, GateConfig, InFlight, QueueFull
 from tenure.gateway.auth import Auth, Principal
 from tenure.gateway.openapi import openapi_document
 from tenure.gateway.problems import Problem, from_error
@@ -259,7 +259,21 @@ class Gateway:
         job = self.admission.build(req)
 
         async def submit() -> Enqueued:
-            await self.gate.check(job.tenant, job.agent)
+            try:
+                await self.gate.check(job.tenant, job.agent)
+            except (QueueFull, CircuitOpen):
+                # A replay of a key answers its original job even while the caps or the circuit refuse
+                # new work: the job exists, nothing new is admitted.
+                if job.idem_digest is not None:
+                    found = await self.store.find_idempotent(job.tenant, job.idem_digest)
+                    if found is not None:
+                        if found[1] != job.request_fingerprint:
+                            raise IdempotencyConflict(
+                                "this idempotency key was already used for a different request",
+                                existing_job_id=found[0],
+                            ) from None
+                        return Enqueued(found[0], False)
+                raise
             (out,) = await self.store.enqueue([job])
             return out
 

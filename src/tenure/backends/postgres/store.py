@@ -487,6 +487,11 @@ class PostgresStore:
             row = await conn.fetchrow(Q["queue_depth"], tenant)
         return int(row[0]), int(row[1])
 
+    async def find_idempotent(self, tenant: str, idem_digest: bytes) -> tuple[str, bytes] | None:
+        async with self._conn("find_idempotent") as conn:
+            row = await conn.fetchrow(Q["find_by_idem"], tenant, [idem_digest])
+        return None if row is None else (row["id"], bytes(row["request_fingerprint"]))
+
     async def record_circuit_failure(self, key: str) -> None:
         async with self._conn("record_circuit_failure") as conn:
             await conn.execute(Q["circuit_record"], key)

@@ -525,6 +525,12 @@ class SqliteStore:
         row = await self._run(lambda: self._read(lambda db: db.execute(Q["queue_depth"], (tenant,)).fetchone()))
         return int(row[0]), int(row[1])
 
+    async def find_idempotent(self, tenant: str, idem_digest: bytes) -> tuple[str, bytes] | None:
+        row = await self._run(
+            lambda: self._read(lambda db: db.execute(Q["find_by_idem"], (tenant, idem_digest)).fetchone())
+        )
+        return None if row is None else (row[0], bytes(row[1]))
+
     async def record_circuit_failure(self, key: str) -> None:
         def fn(db: sqlite3.Connection) -> None:
             db.execute(Q["circuit_trim"], (key,))
