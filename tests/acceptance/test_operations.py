@@ -142,3 +142,18 @@ async def test_cli_client_commands_go_through_the_gateway(tmp_path: Path) -> Non
         assert (code, out.strip()) == (1, "unknown")
     finally:
         assert up.stop() == 0, up.log()
+
+
+async def test_a_cancel_reaches_the_owner_before_its_next_heartbeat(database_url: str, tmp_path: Path) -> None:
+    # Heartbeats every 10 s: a cancel accepted within 5 s came through the control channel (NOTIFY on
+    # Postgres, polling on SQLite), not through the heartbeat reply, which stays the floor.
+    slow = {"TENURE_HEARTBEAT_S": "10", "TENURE_CLAIM_TTL_S": "30"}
+    up = Up(database_url, tmp_path, workers=1, env=slow)
+    try:
+        async with httpx.AsyncClient(base_url=up.url, headers=up.headers(), timeout=30) as a:
+            job = (await a.post("/v1/jobs", json={"agent": "sleep", "input": {"seconds": 60}})).json()
+            await wait_state(a, job["id"], {"running"})
+            r = await a.post(f"/v1/jobs/{job['id']}/cancel", params={"wait": 5})
+            assert r.json()["outcome"] == "accepted", up.log()
+    finally:
+        assert up.stop() == 0, up.log()

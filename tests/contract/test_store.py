@@ -520,3 +520,29 @@ async def test_find_idempotent_answers_only_the_tenants_own_key(store: Store) ->
     assert found is not None and found[0] == a.job_id and len(found[1]) == 32
     assert await store.find_idempotent("b", idem_digest("a", "k")) is None
     assert await store.find_idempotent("a", idem_digest("a", "other")) is None
+
+
+async def test_control_hints_and_state_tell_an_owner_of_cancels_and_commands(
+    store: Store, database_url: str
+) -> None:
+    from tenure.app import open_store
+    from tenure.settings import Settings
+
+    running = await submit(store)
+    claim = await claim_one(store)
+    await start_one(store, claim)
+    assert await store.control_state([running]) == (frozenset(), {})
+    await store.wait_for_control(0.01)  # arm the listener / poller
+    gateway = await open_store(Settings(database_url=database_url))  # another process's connection
+    try:
+        assert await gateway.send_command(running, None, "input", '"hi"') is ControlOutcome.REQUESTED
+        assert await gateway.cancel(running) is ControlOutcome.REQUESTED
+    finally:
+        await gateway.close()
+    hint: frozenset[str] | None = frozenset()
+    for _ in range(50):
+        hint = await store.wait_for_control(0.2)
+        if hint is None or running in hint:
+            break
+    assert hint is None or running in hint
+    assert await store.control_state([running, new_id()]) == (frozenset({running}), {running: 1})

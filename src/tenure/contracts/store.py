@@ -192,6 +192,16 @@ class Store(Protocol):
         same transaction. False when the fence no longer owns the job in the expected state."""
         ...
 
+    async def wait_for_control(self, timeout_s: float) -> frozenset[str] | None:
+        """Return the ids of jobs that got a control command (cancel request, input, approval) since the last
+        call, waiting up to `timeout_s` (an empty set on timeout; None: any job may have, check them all).
+        A hint for the owners' fast path; the heartbeat reply stays the floor. One consumer per store."""
+        ...
+
+    async def control_state(self, job_ids: Sequence[str]) -> tuple[frozenset[str], dict[str, int]]:
+        """For these jobs: the ones with a cancel request, and the last command sequence number of each."""
+        ...
+
     async def wait_for_events(self, timeout_s: float) -> list[EventNotice]:
         """Return the notices of appended events since the last call, waiting up to `timeout_s` for one
         (an empty list on timeout). One consumer per store instance (the gateway's event hub)."""

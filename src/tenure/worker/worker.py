@@ -159,8 +159,8 @@ class _Execution:
     """One started execution: its fence, its event sequence, and the port its Context writes through."""
 
     __slots__ = (
-        "agent", "attempt", "cancel_requested", "claim", "command_seq", "commands", "execution_id", "fence", "lost",
-        "seq", "started_at", "task", "unwritten", "usage", "worker",
+        "agent", "attempt", "cancel_requested", "claim", "command_seq", "commands", "commands_ready", "execution_id",
+        "fence", "lost", "seq", "started_at", "task", "unwritten", "usage", "worker",
     )
 
     def __init__(self, worker: Worker, claim: Claim, started: Started, agent: Agent) -> None:
@@ -179,6 +179,7 @@ class _Execution:
         self.task: asyncio.Task[None] | None = None
         self.command_seq = 0  # the last command read from the store
         self.commands: list[Command] = []  # read, not yet consumed (another kind than the one awaited)
+        self.commands_ready = asyncio.Event()  # set by the control loop when a new command is persisted
 
     # -- ExecutionPort -------------------------------------------------------------------------------------------
     def check(self) -> None:
@@ -245,7 +246,10 @@ class _Execution:
             try:
                 delay = _COMMAND_POLL_MIN_S
                 while command is None:
-                    await asyncio.sleep(delay)
+                    # Woken by the control loop (NOTIFY / polling hint); the growing poll is the floor.
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self.commands_ready.wait(), delay)
+                    self.commands_ready.clear()
                     self.check()
                     try:
                         await self._read_commands()
@@ -313,6 +317,7 @@ class Worker:
             writer = loops.create_task(self._writer.run(), name="writer")
             heartbeat = loops.create_task(self._heartbeat_loop(), name="heartbeat")
             sweeper = loops.create_task(self._sweeper_loop(), name="sweeper")
+            control = loops.create_task(self._control_loop(), name="control")
             async with asyncio.TaskGroup() as executions:
                 self._executions = executions
                 claimer = executions.create_task(self._claim_loop(), name="claim-loop")
@@ -320,6 +325,7 @@ class Worker:
                 await self._drain(claimer)
             self._executions = None
             sweeper.cancel()
+            control.cancel()
             await self._writer.close()
             await writer
             heartbeat.cancel()
@@ -539,6 +545,30 @@ class Worker:
                 self._lose(f.job_id)
         for job_id in reply.cancel_requested:
             self._cancel(job_id)
+
+    # -- control commands: the fast path to the owner ------------------------------------------------------------------
+    async def _control_loop(self) -> None:
+        """Act on cancel requests and new commands as soon as the store hints at them (NOTIFY on Postgres,
+        polling on SQLite). The heartbeat reply still carries the cancel flags: this loop only makes it fast."""
+        while True:
+            try:
+                hint = await self.store.wait_for_control(self.config.poll_s)
+                if hint is not None and not hint:
+                    continue
+                ids = [j for j in self._running if hint is None or j in hint]
+                if not ids:
+                    continue
+                cancels, seqs = await self.store.control_state(ids)
+            except StoreUnavailable as exc:
+                log.warning("control hints unavailable, heartbeats deliver commands meanwhile: %s", exc)
+                await asyncio.sleep(self.config.poll_s)
+                continue
+            for job_id in cancels:
+                self._cancel(job_id)
+            for job_id, seq in seqs.items():
+                ex = self._running.get(job_id)
+                if ex is not None and seq > ex.command_seq:
+                    ex.commands_ready.set()
 
     # -- sweeper duty ---------------------------------------------------------------------------------------------------
     async def _sweeper_loop(self) -> None:

@@ -483,3 +483,15 @@ SELECT x.job_id::text, e.execution_id::text, e.epoch, e.seq, e.type, e.payload::
          WHERE ev.job_id = x.job_id AND (ev.epoch, ev.seq) > (x.epoch, x.seq)
          ORDER BY ev.epoch, ev.seq LIMIT $4) AS e
  ORDER BY x.job_id, e.epoch, e.seq
+
+-- name: control_cancel --
+-- Which of these jobs have a cancel request.
+SELECT id::text FROM jobs WHERE id = ANY($1::uuid[]) AND cancel_requested_at IS NOT NULL
+
+-- name: control_last_command --
+-- The last command sequence number of each of these jobs that has commands.
+SELECT job_id::text, max(seq) FROM job_commands WHERE job_id = ANY($1::uuid[]) GROUP BY job_id
+
+-- name: notify_control --
+-- Tell the owners' control listeners that these jobs got a command (a hint; the store is the truth).
+SELECT pg_notify('tenure_control', array_to_string($1::text[], ','))

@@ -57,6 +57,7 @@ Q = load_queries("tenure.backends.postgres")
 MIGRATIONS = load_migrations("tenure.backends.postgres")  # read at import, never on the event loop
 _CHANNEL = "tenure_jobs"
 _EVENTS_CHANNEL = "tenure_events"
+_CONTROL_CHANNEL = "tenure_control"
 _DRIVER_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, asyncio.TimeoutError)
 _REQUEUEABLE = sorted(s.value for s in REQUEUEABLE)
 
@@ -150,6 +151,10 @@ class PostgresStore:
         self._events_lock = asyncio.Lock()
         self._notices: list[EventNotice] = []
         self._notice_ready = asyncio.Event()
+        self._control_conn: asyncpg.Connection | None = None
+        self._control_lock = asyncio.Lock()
+        self._control_jobs: set[str] | None = set()  # None: a listener was (re)established, check all
+        self._control_ready = asyncio.Event()
 
     @classmethod
     async def connect(cls, url: str, pool_size: int = 4) -> PostgresStore:
@@ -168,7 +173,7 @@ class PostgresStore:
         if self._closed:
             return
         self._closed = True
-        for conn in (self._listen_conn, self._events_conn, self._claim_conn):
+        for conn in (self._listen_conn, self._events_conn, self._control_conn, self._claim_conn):
             if conn is not None and not conn.is_closed():
                 with contextlib.suppress(*_DRIVER_ERRORS):
                     await conn.close(timeout=2)
@@ -511,6 +516,8 @@ class PostgresStore:
             outcome = await conn.fetchval(Q["cancel_job"], job_id, tenant)
             if outcome == "accepted":
                 await conn.execute(Q["notify_events_of"], [job_id])
+            elif outcome == "requested":  # the owner's fast path; its heartbeat reply is the floor
+                await conn.execute(Q["notify_control"], [job_id])
         return ControlOutcome.UNKNOWN if outcome is None else ControlOutcome(outcome)
 
     async def send_command(self, job_id: str, tenant: str | None, kind: str, payload_json: str) -> ControlOutcome:
@@ -523,6 +530,7 @@ class PostgresStore:
             if JobState(state).terminal:
                 return ControlOutcome.ALREADY_FINISHED
             await conn.execute(Q["insert_command"], job_id, kind, payload_json)
+            await conn.execute(Q["notify_control"], [job_id])
         return ControlOutcome.REQUESTED
 
     async def read_commands(self, job_id: str, after_seq: int) -> list[Command]:
@@ -577,6 +585,46 @@ class PostgresStore:
             self._events_conn = conn
             self._notices.append(EventNotice(None))  # anything appended before we listened
             self._notice_ready.set()
+
+    def _on_control(self, _conn: object, _pid: int, _channel: str, body: str) -> None:
+        if self._control_jobs is not None:
+            self._control_jobs.update(j for j in body.split(",") if j)
+        self._control_ready.set()
+
+    def _on_control_lost(self, *_: object) -> None:
+        self._control_conn = None
+        self._control_jobs = None  # commands may have been missed: the owner checks all its jobs
+        self._control_ready.set()
+
+    async def wait_for_control(self, timeout_s: float) -> frozenset[str] | None:
+        if not self._closed and (self._control_conn is None or self._control_conn.is_closed()):
+            async with self._control_lock:
+                if self._control_conn is None or self._control_conn.is_closed():
+                    try:
+                        conn = await asyncpg.connect(_dsn(self._url))
+                        await conn.add_listener(_CONTROL_CHANNEL, self._on_control)
+                        conn.add_termination_listener(self._on_control_lost)
+                        self._control_conn = conn
+                    except _DRIVER_ERRORS as exc:
+                        log.warning("LISTEN %s failed, heartbeats deliver commands meanwhile: %s",
+                                    _CONTROL_CHANNEL, exc)
+        if self._control_jobs is not None and not self._control_jobs:
+            try:
+                await asyncio.wait_for(self._control_ready.wait(), timeout_s)
+            except TimeoutError:
+                return frozenset()
+        self._control_ready.clear()
+        jobs, self._control_jobs = self._control_jobs, set()
+        return None if jobs is None else frozenset(jobs)
+
+    async def control_state(self, job_ids: Sequence[str]) -> tuple[frozenset[str], dict[str, int]]:
+        ids = [j for j in job_ids if _is_uuid(j)]
+        if not ids:
+            return frozenset(), {}
+        async with self._conn("control_state") as conn:
+            cancel = await conn.fetch(Q["control_cancel"], ids)
+            seqs = await conn.fetch(Q["control_last_command"], ids)
+        return frozenset(r[0] for r in cancel), {r[0]: int(r[1]) for r in seqs}
 
     async def wait_for_events(self, timeout_s: float) -> list[EventNotice]:
         if not self._closed:

@@ -288,3 +288,13 @@ UPDATE jobs SET state = ?5, updated_at = {now}
 SELECT execution_id, epoch, seq, type, payload, ts FROM events
  WHERE job_id = ?1 AND (epoch > ?2 OR (epoch = ?2 AND seq > ?3))
  ORDER BY epoch, seq LIMIT ?4
+
+-- name: control_cancel --
+-- For a batch of jobs (a JSON array of ids): whether each has a cancel request, and its last command seq.
+SELECT j.id, j.cancel_requested_at IS NOT NULL AS cancel,
+       (SELECT coalesce(max(c.seq), 0) FROM job_commands AS c WHERE c.job_id = j.id) AS last_seq
+  FROM jobs AS j WHERE j.id IN (SELECT value FROM json_each(?1))
+
+-- name: control_last_command --
+-- The last command sequence number of one job (0 when none).
+SELECT coalesce(max(seq), 0) FROM job_commands WHERE job_id = ?

@@ -65,6 +65,7 @@ T = TypeVar("T")
 
 _POLL_MIN_S = 0.002
 _POLL_MAX_S = 0.025
+_CONTROL_POLL_S = 0.1
 
 
 def sqlite_path(url: str) -> str:
@@ -106,6 +107,8 @@ class SqliteStore:
         # and this flag of our own (an inline worker shares the gateway's store).
         self._events_seen_version = -1
         self._events_local = asyncio.Event()
+        self._control_seen_version = -1
+        self._control_local = asyncio.Event()
 
     @classmethod
     async def connect(cls, url: str, synchronous: str = "FULL") -> SqliteStore:
@@ -562,6 +565,7 @@ class SqliteStore:
 
         out = await self._run(lambda: self._tx(fn), "cancel")
         self._events_local.set()
+        self._control_local.set()
         return out
 
     async def send_command(self, job_id: str, tenant: str | None, kind: str, payload_json: str) -> ControlOutcome:
@@ -574,7 +578,9 @@ class SqliteStore:
             db.execute(Q["insert_command"], (job_id, kind, payload_json))
             return ControlOutcome.REQUESTED
 
-        return await self._run(lambda: self._tx(fn), "send_command")
+        out = await self._run(lambda: self._tx(fn), "send_command")
+        self._control_local.set()
+        return out
 
     async def read_commands(self, job_id: str, after_seq: int) -> list[Command]:
         rows = await self._run(
@@ -598,6 +604,37 @@ class SqliteStore:
         ok = await self._run(lambda: self._tx(fn), "set_waiting")
         self._events_local.set()
         return ok
+
+    async def wait_for_control(self, timeout_s: float) -> frozenset[str] | None:
+        # SQLite has no NOTIFY: any commit by another connection may be a command. Polled at most every
+        # _CONTROL_POLL_S, so an owner costs a few cheap reads a second, not one per commit.
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self._control_local.is_set():
+                self._control_local.clear()
+                return None
+            version = await self._run(self._data_version, "poll")
+            if version != self._control_seen_version:
+                first = self._control_seen_version == -1
+                self._control_seen_version = version
+                if not first:
+                    return None
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return frozenset()
+            try:
+                await asyncio.wait_for(self._control_local.wait(), min(_CONTROL_POLL_S, left))
+            except TimeoutError:
+                pass
+
+    async def control_state(self, job_ids: Sequence[str]) -> tuple[frozenset[str], dict[str, int]]:
+        def fn(db: sqlite3.Connection) -> tuple[frozenset[str], dict[str, int]]:
+            rows = db.execute(Q["control_cancel"], (json.dumps(list(job_ids)),)).fetchall()
+            return frozenset(r[0] for r in rows if r[1]), {r[0]: int(r[2]) for r in rows if r[2]}
+
+        if not job_ids:
+            return frozenset(), {}
+        return await self._run(lambda: self._read(fn), "control_state")
 
     async def wait_for_events(self, timeout_s: float) -> list[EventNotice]:
         deadline = time.monotonic() + timeout_s
