@@ -143,9 +143,9 @@ class Client:
         out: list[dict[str, Any]] = (await self._call("GET", "/v1/workers")).json()["workers"]
         return out
 
-    async def wait(self, job_id: str, timeout: float | None = None, poll_s: float = 0.1) -> dict[str, Any]:
+    async def wait(self, job_id: str, timeout_s: float | None = None, poll_s: float = 0.1) -> dict[str, Any]:
         """Poll until the job is terminal."""
-        async with asyncio.timeout(timeout):
+        async with asyncio.timeout(timeout_s):
             while True:
                 job = await self.job(job_id)
                 if job["state"] in TERMINAL_STATES:

@@ -52,9 +52,9 @@ def is_problem(r: httpx.Response, status: int) -> dict[str, Any]:
 
 
 async def wait_state(
-    c: httpx.AsyncClient, job_id: str, states: set[str], timeout: float = 20
+    c: httpx.AsyncClient, job_id: str, states: set[str], timeout_s: float = 20
 ) -> dict[str, Any]:
-    async with asyncio.timeout(timeout):
+    async with asyncio.timeout(timeout_s):
         while True:
             job = (await c.get(f"/v1/jobs/{job_id}")).json()
             if job["state"] in states:
