@@ -52,7 +52,9 @@ async def flood(ctx: Context, input: Any) -> dict[str, Any]:
 
 @app.agent("ticks", timeout=3600)
 async def ticks(ctx: Context, input: Any) -> dict[str, Any]:
-    """Emit `count` stamped events, one every `every` seconds, flushing each (a paced, interactive stream)."""
+    """After `delay` seconds (time for every client to connect), emit `count` stamped events, one every
+    `every` seconds, flushing each (a paced, interactive stream)."""
+    await asyncio.sleep(float(input.get("delay", 0)))
     for i in range(int(input["count"])):
         await ctx.emit("tick", {"i": i, "t": time.time()})
         await ctx.flush()
@@ -128,7 +130,11 @@ async def measure(url: str, args: argparse.Namespace, gateway_pid: int) -> dict[
             jobs = [
                 (
                     await c.post(
-                        "/v1/jobs", json={"agent": "ticks", "input": {"count": 100, "every": args.every}}
+                        "/v1/jobs",
+                        json={
+                            "agent": "ticks",
+                            "input": {"count": 100, "every": args.every, "delay": 1 + streams / 20},
+                        },
                     )
                 ).json()
                 for _ in range(streams)
@@ -215,8 +221,14 @@ def main() -> int:
             up.wait(60)
         except subprocess.TimeoutExpired:
             os.killpg(up.pid, signal.SIGKILL)
-    result = {"store": db.split(":", 1)[0], "events": args.events, "streams": args.streams, **result}
-    print(f"store                          {result['store']}")
+    result = {
+        "store": db.split(":", 1)[0],
+        "events": args.events,
+        "streams": args.streams,
+        "load_average_1m": round(os.getloadavg()[0], 2),  # a 2-core machine shared with other runs
+        **result,
+    }
+    print(f"store                          {result['store']}   (load average {result['load_average_1m']})")
     print(
         f"SSE throughput, 1 client       {result['throughput_events_per_s']:>8} events/s "
         f"({result['throughput_events']} events)"

@@ -66,6 +66,9 @@ T = TypeVar("T")
 _POLL_MIN_S = 0.002
 _POLL_MAX_S = 0.025
 _CONTROL_POLL_S = 0.1
+# The gateway's event hub polls faster than workers do: its wake-up is a stream's latency, and a PRAGMA
+# data_version on the connection thread costs microseconds.
+_EVENTS_POLL_MAX_S = 0.005
 
 
 def sqlite_path(url: str) -> str:
@@ -654,7 +657,7 @@ class SqliteStore:
                 await asyncio.wait_for(self._events_local.wait(), min(interval, left))
             except TimeoutError:
                 pass
-            interval = min(interval * 2, _POLL_MAX_S)
+            interval = min(interval * 2, _EVENTS_POLL_MAX_S)
 
     # -- leases -------------------------------------------------------------------------------------------------------
     async def acquire(self, key: str, holder: str, limit: int, ttl_s: float) -> bool:
