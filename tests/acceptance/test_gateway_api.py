@@ -240,3 +240,14 @@ async def test_input_and_approval_pause_the_job_and_resume_it(a: httpx.AsyncClie
     assert done["result"] == {"published": "draft: t"}
     waiting_event = next(e for e in await sse(a, pub["id"]) if e["type"] == "job.waiting")
     assert waiting_event["payload"] == {"for": "approve", "prompt": "publish 'draft: t'?"}
+
+
+async def test_a_retried_job_streams_its_epochs_in_order_with_one_terminal_event(a: httpx.AsyncClient) -> None:
+    job = (await a.post("/v1/jobs", json={"agent": "flaky", "input": {"fail_times": 1}})).json()
+    events = await sse(a, job["id"])
+    assert [(e["epoch"], e["type"]) for e in events] == [
+        (1, "execution.started"), (1, "execution.retrying"), (2, "execution.started"), (2, "job.succeeded")]
+    cursors = [(e["epoch"], e["seq"]) for e in events]
+    assert cursors == sorted(set(cursors))
+    resumed = await sse(a, job["id"], events[1]["id"])  # from the end of epoch 1: epoch 2 only
+    assert resumed == events[2:]
