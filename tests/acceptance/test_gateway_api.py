@@ -205,13 +205,17 @@ async def test_cancel_answers_accepted_requested_and_already_finished(a: httpx.A
     running = (await a.post("/v1/jobs", json={"agent": "sleep", "input": {"seconds": 60}})).json()
     await wait_state(a, running["id"], {"running"})
     r = await a.post(f"/v1/jobs/{running['id']}/cancel")
-    assert (r.status_code, r.json()["outcome"]) == (202, "requested")
-    r = await a.post(f"/v1/jobs/{running['id']}/cancel", params={"wait": 20})
-    assert r.json()["outcome"] == "accepted"
+    assert (r.status_code, r.json()["outcome"]) == (202, "requested")  # persisted; the owner acts on it
+    await wait_state(a, running["id"], {"cancelled"})
     events = await sse(a, running["id"])
     assert events[-1]["type"] == "job.cancelled" and sum(e["type"].startswith("job.c") for e in events) == 1
     r = await a.post(f"/v1/jobs/{running['id']}/cancel")
     assert (r.status_code, r.json()["outcome"]) == (200, "already_finished")
+
+    waited = (await a.post("/v1/jobs", json={"agent": "sleep", "input": {"seconds": 60}})).json()
+    await wait_state(a, waited["id"], {"running"})
+    r = await a.post(f"/v1/jobs/{waited['id']}/cancel", params={"wait": 20})
+    assert (r.status_code, r.json()["outcome"]) == (200, "accepted")  # the owner finished it cancelled
     is_problem(await a.post("/v1/jobs/00000000-0000-7000-8000-000000000000/cancel"), 404)
 
 
