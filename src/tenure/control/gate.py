@@ -13,7 +13,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from tenure.contracts.errors import IdempotencyConflict, TenureError
+from tenure.contracts.errors import IdempotencyConflict, StoreUnavailable, TenureError
 from tenure.contracts.store import Store
 from tenure.contracts.types import Enqueued
 
@@ -104,7 +104,13 @@ class InFlight:
         try:
             result = await submit()
         except BaseException as exc:
-            fut.set_exception(exc if isinstance(exc, Exception) else asyncio.CancelledError())
+            # A leader that was cancelled (its client went away) answers its waiters "retry": the store
+            # decides whether the job was created, and a retry with the same key gets that answer.
+            fut.set_exception(
+                exc
+                if isinstance(exc, Exception)
+                else StoreUnavailable("the first request with this idempotency key was abandoned; retry")
+            )
             fut.exception()  # retrieved: waiters (if any) re-raise it; nobody is warned of an orphan
             raise
         else:

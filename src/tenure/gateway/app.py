@@ -19,7 +19,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import math
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -32,20 +31,21 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
-from tenure.contracts.errors import IdempotencyConflict, InvalidRequest, TenureError
+from tenure.contracts.errors import IdempotencyConflict, TenureError
 from tenure.contracts.states import JobState
 from tenure.contracts.store import Store
-from tenure.contracts.types import AgentSpec, ControlOutcome, Enqueued, Job, JobFilter, dumps, parse_cursor
+from tenure.contracts.types import AgentSpec, ControlOutcome, Enqueued, Job, JobFilter, dumps
 from tenure.control.admission import Admission, AdmissionLimits, JobRequest
 from tenure.control.gate import CircuitOpen, Gate, GateConfig, InFlight, QueueFull
 from tenure.gateway.auth import Auth, Principal
 from tenure.gateway.openapi import openapi_document
 from tenure.gateway.problems import Problem, from_error
+from tenure.gateway.requests import check_submit_body, int_param, parse_cursor_param, parse_job_id
 from tenure.gateway.streams import EventHub
+from tenure.gateway.ws import WsSession
 
 log = logging.getLogger("tenure.gateway")
 
-SUBMIT_FIELDS = {"agent", "input", "priority", "requires", "deadline_s", "max_attempts"}
 MAX_LIST = 500
 MAX_WAIT_S = 30.0
 
@@ -68,73 +68,6 @@ class GatewayConfig:
 
 def _job_view(job: Job) -> dict[str, Any]:
     return job.to_dict()
-
-
-def _job_id(text: str) -> str:
-    try:
-        return str(uuid.UUID(text))
-    except (ValueError, AttributeError, TypeError):
-        raise Problem(404, "Not found", f"no job {text!r}", "not-found") from None
-
-
-def _cursor(text: str, where: str) -> tuple[int, int]:
-    try:
-        return parse_cursor(text)
-    except ValueError as exc:
-        raise Problem(400, "Bad cursor", f"{where}: {exc}", "bad-cursor") from None
-
-
-def _int_param(request: Request, name: str, default: int, lo: int, hi: int) -> int:
-    text = request.query_params.get(name)
-    if text is None:
-        return default
-    try:
-        value = int(text)
-    except ValueError:
-        raise Problem(
-            400, "Bad parameter", f"{name} must be an integer, not {text!r}", "bad-parameter"
-        ) from None
-    if not lo <= value <= hi:
-        raise Problem(400, "Bad parameter", f"{name} must be from {lo} to {hi}, not {value}", "bad-parameter")
-    return value
-
-
-def check_submit_body(body: Any, tenant: str, key: str | None) -> JobRequest:
-    """Type-check a submit body (HTTP or WebSocket) into a `JobRequest`; the admission validates the rest."""
-    if not isinstance(body, dict):
-        raise InvalidRequest("the request body must be a JSON object")
-    unknown = set(body) - SUBMIT_FIELDS
-    if unknown:
-        raise InvalidRequest(
-            f"unknown fields: {', '.join(sorted(unknown))} (allowed: {', '.join(sorted(SUBMIT_FIELDS))})"
-        )
-    agent = body.get("agent")
-    if not isinstance(agent, str) or not agent:
-        raise InvalidRequest("agent is required: the name of a registered agent")
-    for name in ("priority", "max_attempts"):
-        v = body.get(name)
-        if v is not None and (not isinstance(v, int) or isinstance(v, bool)):
-            raise InvalidRequest(f"{name} must be an integer, not {v!r}")
-    deadline = body.get("deadline_s")
-    if deadline is not None and (
-        isinstance(deadline, bool) or not isinstance(deadline, int | float) or not math.isfinite(deadline)
-    ):
-        raise InvalidRequest(f"deadline_s must be a number of seconds, not {deadline!r}")
-    requires = body.get("requires", [])
-    if requires is None:
-        requires = []
-    if not isinstance(requires, list) or not all(isinstance(t, str) for t in requires):
-        raise InvalidRequest("requires must be a list of capability tags")
-    return JobRequest(
-        agent,
-        body.get("input"),
-        body.get("priority"),
-        requires,
-        deadline,
-        body.get("max_attempts"),
-        key,
-        tenant,
-    )
 
 
 class Gateway:
@@ -248,8 +181,8 @@ class Gateway:
         except (ValueError, UnicodeDecodeError) as exc:
             raise Problem(400, "Malformed JSON", f"the body is not valid JSON: {exc}", "bad-json") from None
 
-    async def _load(self, job_id: str, who: Principal) -> Job:
-        job = await self.store.get_job(_job_id(job_id), who.tenant)
+    async def load_job(self, job_id: str, who: Principal) -> Job:
+        job = await self.store.get_job(parse_job_id(job_id), who.tenant)
         if job is None:
             raise Problem(404, "Not found", f"no job {job_id}", "not-found")
         return job
@@ -316,14 +249,14 @@ class Gateway:
             raise Problem(
                 400, "Bad cursor", "cursor is the id of the last job of the previous page", "bad-cursor"
             )
-        limit = _int_param(request, "limit", 50, 1, MAX_LIST)
+        limit = int_param(request, "limit", 50, 1, MAX_LIST)
         jobs = await self.store.list_jobs(JobFilter(who.tenant, state, q.get("agent") or None, cursor, limit))
         nxt = jobs[-1].id if len(jobs) == limit else None
         return JSONResponse({"jobs": [_job_view(j) for j in jobs], "next_cursor": nxt})
 
     async def get_job(self, request: Request) -> Response:
         who = self._principal(request)
-        return JSONResponse(_job_view(await self._load(request.path_params["job_id"], who)))
+        return JSONResponse(_job_view(await self.load_job(request.path_params["job_id"], who)))
 
     async def _control_response(self, request: Request, kind: str, payload: Any) -> Response:
         who = self._principal(request)
@@ -344,12 +277,14 @@ class Gateway:
         if kind == "cancel" and wait_s and outcome is ControlOutcome.REQUESTED:
             outcome = await self._await_cancel(who, job_id, wait_s)
         status = 202 if outcome is ControlOutcome.REQUESTED else 200
-        return JSONResponse({"job_id": _job_id(job_id), "command": kind, "outcome": outcome.value}, status)
+        return JSONResponse(
+            {"job_id": parse_job_id(job_id), "command": kind, "outcome": outcome.value}, status
+        )
 
     async def _await_cancel(self, who: Principal, job_id: str, wait_s: float) -> ControlOutcome:
         deadline = asyncio.get_running_loop().time() + min(wait_s, MAX_WAIT_S)
         while asyncio.get_running_loop().time() < deadline:
-            job = await self._load(job_id, who)
+            job = await self.load_job(job_id, who)
             if job.state.terminal:
                 return (
                     ControlOutcome.ACCEPTED
@@ -377,12 +312,12 @@ class Gateway:
 
     async def events(self, request: Request) -> Response:
         who = self._principal(request)
-        job = await self._load(request.path_params["job_id"], who)
+        job = await self.load_job(request.path_params["job_id"], who)
         q = request.query_params
         after_text = q.get("after")
-        after = _cursor(after_text, "after") if after_text else None
+        after = parse_cursor_param(after_text, "after") if after_text else None
         if q.get("format") == "json":
-            limit = _int_param(request, "limit", 1000, 1, 10000)
+            limit = int_param(request, "limit", 1000, 1, 10000)
             events = await self.store.read_events(job.id, after, limit)
             nxt = events[-1].cursor if events else (after_text or None)
             return JSONResponse(
@@ -397,7 +332,7 @@ class Gateway:
             raise Problem(400, "Bad parameter", "format is json or sse", "bad-parameter")
         last_id = request.headers.get("last-event-id")
         if last_id:
-            after = _cursor(last_id.strip(), "Last-Event-ID")
+            after = parse_cursor_param(last_id.strip(), "Last-Event-ID")
         sub = self.hub.subscribe(job.id, after)
 
         async def stream() -> AsyncIterator[str]:
@@ -448,8 +383,6 @@ class Gateway:
             await ws.close(code=1008, reason="unauthorized")  # before accept: the upgrade is refused (403)
             return
         await ws.accept()
-        from tenure.gateway.ws import WsSession
-
         await WsSession(self, ws, who).run()
 
 

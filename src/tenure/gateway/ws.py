@@ -26,6 +26,7 @@ from tenure.contracts.errors import InvalidRequest, TenureError
 from tenure.contracts.types import ControlOutcome, dumps
 from tenure.gateway.auth import Principal
 from tenure.gateway.problems import Problem, from_error
+from tenure.gateway.requests import check_submit_body, parse_cursor_param
 
 if TYPE_CHECKING:
     from tenure.gateway.app import Gateway
@@ -164,7 +165,7 @@ class WsSession:
         job_id = frame.get("job_id")
         if not isinstance(job_id, str):
             raise Problem(400, "Bad frame", "job_id is required", "bad-frame")
-        job = await self.gw._load(job_id, self.who)
+        job = await self.gw.load_job(job_id, self.who)
         return job.id
 
     async def _submit(self, frame: dict[str, Any], ref: Any) -> None:
@@ -172,8 +173,6 @@ class WsSession:
         key = frame.get("idempotency_key")
         if key is not None and not isinstance(key, str):
             raise InvalidRequest("idempotency_key must be a string")
-        from tenure.gateway.app import check_submit_body
-
         res = await self.gw.admit(check_submit_body(body, self.who.submit_tenant, key))
         job = await self.gw.store.get_job(res.job_id)
         assert job is not None
@@ -184,11 +183,9 @@ class WsSession:
     def _subscribe(self, job_id: str, after: Any, ref: Any) -> None:
         cursor = None
         if after is not None:
-            from tenure.gateway.app import _cursor
-
             if not isinstance(after, str):
                 raise Problem(400, "Bad cursor", "after is a cursor EPOCH-SEQ", "bad-cursor")
-            cursor = _cursor(after, "after")
+            cursor = parse_cursor_param(after, "after")
         if job_id in self.subs:
             self.subs.pop(job_id).cancel()
         if len(self.subs) >= self.gw.config.ws_max_subscriptions:
