@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import os
+import socket
 import sys
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -176,6 +178,8 @@ async def serve_gateway(settings: Settings, host: str, port: int, *, inline: boo
 
     from tenure.gateway.app import Gateway
     from tenure.gateway.auth import Auth
+    from tenure.monitoring import observe_event_loop
+    from tenure.observability.logs import set_process_log_fields
 
     log = logging.getLogger("tenure.gateway")
     auth = Auth.from_settings(settings.extra)
@@ -213,8 +217,14 @@ async def serve_gateway(settings: Settings, host: str, port: int, *, inline: boo
     server = uvicorn.Server(config)
     log.info("gateway on http://%s:%d (app %s, store %s%s)", host, port, settings.app,
              settings.database_url.split("?")[0], ", inline worker" if inline else "")
+    gateway_id = f"gateway:{socket.gethostname()}:{os.getpid()}"
+    set_process_log_fields(role="gateway", worker_id=gateway_id)
     try:
-        await server.serve()
+        # The gateway's loop is watched like a worker's: event_loop_lag_seconds{role="gateway"}, stall logs.
+        async with observe_event_loop(
+            "gateway", gateway_id, interval_s=settings.lag_interval_s, stall_threshold_s=settings.stall_threshold_s
+        ):
+            await server.serve()
     finally:
         await store.close()
 

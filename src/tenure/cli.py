@@ -438,6 +438,14 @@ async def cmd_up(args: argparse.Namespace) -> int:
     load_app(settings.app)  # fail here, once, rather than in every child
     store = await open_store(settings)  # migrate once before the children start
     await store.close()
+    if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        # Every child writes its metrics here; the gateway's /metrics sums them (docs/observability.md).
+        import tempfile
+
+        from tenure.observability.multiprocess import prepare_multiprocess_dir
+
+        directory = os.path.join(tempfile.gettempdir(), f"tenure-up-metrics-{os.getpid()}")
+        await asyncio.to_thread(prepare_multiprocess_dir, directory)
     env = dict(os.environ)
     env["TENURE_DATABASE_URL"] = settings.database_url
     env["TENURE_APP"] = settings.app

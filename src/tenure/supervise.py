@@ -16,6 +16,8 @@ import sys
 import time
 from dataclasses import dataclass
 
+from tenure.observability.multiprocess import process_exited
+
 log = logging.getLogger("tenure.up")
 
 
@@ -57,6 +59,7 @@ async def supervise(
     async def watch(child: Child) -> None:
         assert child.proc is not None
         await child.proc.wait()
+        process_exited(child.proc.pid)  # its live gauges stop counting in the aggregated /metrics
         await exited.put(child)
 
     async with asyncio.TaskGroup() as tg:

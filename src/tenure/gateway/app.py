@@ -43,6 +43,7 @@ from tenure.gateway.problems import Problem, from_error
 from tenure.gateway.requests import check_submit_body, int_param, parse_cursor_param, parse_job_id
 from tenure.gateway.streams import EventHub
 from tenure.gateway.ws import WsSession
+from tenure.observability.exposition import metrics_asgi_app
 
 log = logging.getLogger("tenure.gateway")
 
@@ -68,6 +69,16 @@ class GatewayConfig:
 
 def _job_view(job: Job) -> dict[str, Any]:
     return job.to_dict()
+
+
+class _AsgiEndpoint:
+    """Starlette calls a Route's endpoint as an ASGI app when it is not a plain function or method."""
+
+    def __init__(self, app: Callable[..., Awaitable[None]]) -> None:
+        self._app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await self._app(scope, receive, send)
 
 
 class Gateway:
@@ -105,6 +116,9 @@ class Gateway:
             Route("/readyz", self.readyz, methods=["GET"]),
             Route("/openapi.json", self.openapi, methods=["GET"]),
             WebSocketRoute("/v1/ws", self.websocket),
+            # Prometheus: this process, or every process of `tenure up` (PROMETHEUS_MULTIPROC_DIR). A Route
+            # (not a Mount, which answers the bare path with a redirect) whose endpoint is an ASGI object.
+            Route("/metrics", _AsgiEndpoint(metrics_asgi_app()), methods=["GET"]),
         ]
         self.asgi = Starlette(
             routes=routes,
