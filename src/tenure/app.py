@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import os
+import socket
 import sys
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -145,3 +147,94 @@ async def connect(
         yield LocalClient(store, Admission(store, app.specs(), limits))
     finally:
         await store.close()
+
+
+# -- the gateway ----------------------------------------------------------------------------------------------------
+_LOOPBACK = ("127.", "::1", "localhost")
+
+
+def gateway_config(settings: Settings) -> Any:
+    """The gateway's settings, from the process settings."""
+    from tenure.control.gate import GateConfig
+    from tenure.gateway.app import GatewayConfig
+
+    return GatewayConfig(
+        limits=AdmissionLimits(max_input_bytes=settings.max_input_bytes, default_deadline_s=settings.default_deadline_s),
+        gate=GateConfig(
+            max_queued=settings.max_queued, max_queued_per_tenant=settings.max_queued_per_tenant,
+            breaker_threshold=settings.breaker_threshold, breaker_window_s=settings.breaker_window_s,
+            breaker_open_s=settings.breaker_open_s,
+        ),
+    )
+
+
+async def serve_gateway(settings: Settings, host: str, port: int, *, inline: bool = False) -> None:
+    """Run one gateway process until SIGINT / SIGTERM. With `inline`, a worker runs inside it: a new job is
+    claimed by it at once while it has a free slot (the store wakes it; the claim CAS decides), else it waits
+    in the shared queue for any worker."""
+    import logging
+
+    import uvicorn
+
+    from tenure.gateway.app import Gateway
+    from tenure.gateway.auth import Auth
+    from tenure.monitoring import observe_event_loop
+    from tenure.observability.logs import set_process_log_fields
+
+    log = logging.getLogger("tenure.gateway")
+    auth = Auth.from_settings(settings.extra)
+    if not auth.enabled:
+        if not host.startswith(_LOOPBACK):
+            raise ConfigError(
+                f"no API keys are configured (TENURE_API_KEYS, TENURE_API_KEYS_FILE, TENURE_ADMIN_KEY), so the "
+                f"gateway only binds to a loopback address, not {host!r}"
+            )
+        log.warning("no API keys configured: the gateway is open to local clients only (%s), as tenant 'default'",
+                    host)
+    app = load_app(settings.app)
+    store = await open_store(settings)
+    stop = asyncio.Event()
+    worker_task: asyncio.Task[None] | None = None
+
+    async def on_start() -> None:
+        nonlocal worker_task
+        if inline:
+            from tenure.worker import Worker
+
+            worker = Worker(store, app, worker_config(settings))
+            worker_task = asyncio.create_task(worker.run(stop), name="inline-worker")
+
+    async def on_stop() -> None:
+        stop.set()
+        if worker_task is not None:
+            await worker_task
+
+    gateway = Gateway(store, app.specs(), auth, gateway_config(settings), on_start=on_start, on_stop=on_stop)
+    config = uvicorn.Config(
+        gateway.asgi, host=host, port=port, log_level="warning", lifespan="on", ws_max_size=2 * 1024 * 1024,
+        timeout_graceful_shutdown=5, access_log=False,
+    )
+    server = uvicorn.Server(config)
+    log.info("gateway on http://%s:%d (app %s, store %s%s)", host, port, settings.app,
+             settings.database_url.split("?")[0], ", inline worker" if inline else "")
+    gateway_id = f"gateway:{socket.gethostname()}:{os.getpid()}"
+    set_process_log_fields(role="gateway", worker_id=gateway_id)
+    try:
+        # The gateway's loop is watched like a worker's: event_loop_lag_seconds{role="gateway"}, stall logs.
+        async with observe_event_loop(
+            "gateway", gateway_id, interval_s=settings.lag_interval_s, stall_threshold_s=settings.stall_threshold_s
+        ):
+            await server.serve()
+    finally:
+        await store.close()
+
+
+def worker_config(settings: Settings) -> Any:
+    """The worker's settings, from the process settings."""
+    from tenure.worker import WorkerConfig
+
+    return WorkerConfig(
+        concurrency=settings.concurrency, heartbeat_s=settings.heartbeat_s, claim_ttl_s=settings.claim_ttl_s,
+        sweep_interval_s=settings.sweep_interval_s, drain_timeout_s=settings.drain_timeout_s,
+        poll_s=settings.poll_s, capabilities=settings.capabilities,
+    )

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from tenure.app import LocalClient, connect, load_app, open_store
-from tenure.contracts.errors import ConfigError, InvalidRequest, TenureError
+from tenure.contracts.errors import ConfigError, InvalidRequest, NotFound, TenureError
 from tenure.contracts.states import JobState
 from tenure.contracts.types import Job
 from tenure.observability.logs import set_process_log_fields, setup_logging
@@ -33,6 +33,7 @@ def _settings(args: argparse.Namespace, **extra: Any) -> Settings:
 def _setup_logging(level: str, fmt: str = "auto") -> None:
     # Structured logs (docs/observability.md): JSON lines, or a readable line on a terminal.
     setup_logging(level, fmt, sys.stderr)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is noise for the CLI
 
 
 def _out(args: argparse.Namespace, data: Any, human: Callable[[], None]) -> None:
@@ -187,6 +188,11 @@ async def _with_client(args: argparse.Namespace, fn: Callable[[LocalClient], Awa
 
 async def cmd_submit(args: argparse.Namespace) -> int:
     payload = _read_input(args.input)
+    url = _gateway_url(args)
+    if url is not None:
+        return await _submit_via_gateway(args, url, payload)
+    if args.follow:
+        raise ConfigError("--follow streams from a gateway: give --url or TENURE_URL (or use --wait)")
 
     async def go(client: LocalClient) -> int:
         job_id = await client.submit(
@@ -299,6 +305,152 @@ async def cmd_doctor(args: argparse.Namespace) -> int:
 
     _out(args, report.to_dict(), human)
     return 0 if report.ok else 1
+# -- through the gateway ------------------------------------------------------------------------------------------------
+def _gateway_url(args: argparse.Namespace) -> str | None:
+    return getattr(args, "url", None) or Settings.from_env().url
+
+
+def _client(url: str) -> Any:
+    from tenure.client import Client
+
+    return Client(url)
+
+
+def _print_event(e: dict[str, Any]) -> None:
+    print(f"{e['id']:>8}  {_ts(e.get('ts'))}  {e['type']:20}  {json.dumps(e.get('payload'))}", flush=True)
+
+
+async def _follow(client: Any, job_id: str, after: str | None, as_json: bool) -> str | None:
+    last_type = None
+    async for e in client.stream(job_id, after):
+        last_type = e["type"]
+        if as_json:
+            print(json.dumps(e), flush=True)
+        else:
+            _print_event(e)
+    return last_type
+
+
+async def _submit_via_gateway(args: argparse.Namespace, url: str, payload: Any) -> int:
+    async with _client(url) as client:
+        job = await client.submit(
+            args.agent, payload, idempotency_key=args.idempotency_key, priority=args.priority,
+            requires=args.requires.split(",") if args.requires else None, deadline_s=args.deadline_s,
+            max_attempts=args.max_attempts,
+        )
+        if args.follow:
+            if not args.json:
+                print(f"job {job['id']} ({'new' if job['_created'] else 'existing, same idempotency key'})",
+                      flush=True)
+            last = await _follow(client, job["id"], None, args.json)
+            return 0 if last == "job.succeeded" else 1
+        if args.wait:
+            job = await client.wait(job["id"], args.timeout)
+            _out(args, job, lambda: print(json.dumps(job, indent=2)))
+            return 0 if job["state"] == "succeeded" else 1
+        _out(args, {"id": job["id"]}, lambda: print(job["id"]))
+        return 0
+
+
+async def cmd_tail(args: argparse.Namespace) -> int:
+    url = _gateway_url(args)
+    if url is not None:
+        async with _client(url) as client:
+            last = await _follow(client, args.id, args.after, args.json)
+            return 0 if last == "job.succeeded" else 1
+
+    async def go(client: LocalClient) -> int:  # no gateway: poll the history in the store
+        after, last = args.after, None
+        while True:
+            events = await client.events(args.id, after, 1000)
+            for e in events:
+                if args.json:
+                    print(json.dumps(e.to_dict()), flush=True)
+                else:
+                    _print_event(e.to_dict())
+                after, last = e.cursor, e.type
+            if not events:
+                job = await client.job(args.id)
+                if job.state.terminal and last is not None and last.startswith("job."):
+                    return 0 if job.state is JobState.SUCCEEDED else 1
+                await asyncio.sleep(0.2)
+
+    return await _with_client(args, go)
+
+
+async def cmd_cancel(args: argparse.Namespace) -> int:
+    url = _gateway_url(args)
+    if url is not None:
+        from tenure.client import GatewayError
+
+        async with _client(url) as client:
+            try:
+                outcome = await client.cancel(args.id, wait=args.wait)
+            except GatewayError as exc:
+                if exc.status != 404:
+                    raise
+                outcome = "unknown"
+    else:
+        async def go(client: LocalClient) -> str:
+            from tenure.app import _job_id
+
+            try:
+                return (await client.store.cancel(_job_id(args.id))).value
+            except NotFound:
+                return "unknown"
+
+        async with connect(settings=_settings(args)) as local:
+            outcome = await go(local)
+    _out(args, {"id": args.id, "outcome": outcome}, lambda: print(outcome))
+    return 1 if outcome == "unknown" else 0
+
+
+async def cmd_approve(args: argparse.Namespace) -> int:
+    approved = not args.reject
+    url = _gateway_url(args)
+    if url is not None:
+        async with _client(url) as client:
+            outcome = await client.approve(args.id, approved, args.comment)
+    else:
+        async with connect(settings=_settings(args)) as local:
+            from tenure.app import _job_id
+
+            payload = json.dumps({"approved": approved, "comment": args.comment})
+            outcome = (await local.store.send_command(_job_id(args.id), None, "approve", payload)).value
+    _out(args, {"id": args.id, "outcome": outcome}, lambda: print(outcome))
+    return 0 if outcome in ("requested", "accepted") else 1
+
+
+async def cmd_gateway(args: argparse.Namespace) -> int:
+    from tenure.app import serve_gateway
+
+    settings = _settings(args)
+    await serve_gateway(settings, args.host, args.port, inline=args.inline)
+    return 0
+
+
+async def cmd_up(args: argparse.Namespace) -> int:
+    import os
+
+    from tenure.supervise import supervise
+
+    settings = _settings(args)
+    load_app(settings.app)  # fail here, once, rather than in every child
+    store = await open_store(settings)  # migrate once before the children start
+    await store.close()
+    if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        # Every child writes its metrics here; the gateway's /metrics sums them (docs/observability.md).
+        import tempfile
+
+        from tenure.observability.multiprocess import prepare_multiprocess_dir
+
+        directory = os.path.join(tempfile.gettempdir(), f"tenure-up-metrics-{os.getpid()}")
+        await asyncio.to_thread(prepare_multiprocess_dir, directory)
+    env = dict(os.environ)
+    env["TENURE_DATABASE_URL"] = settings.database_url
+    env["TENURE_APP"] = settings.app
+    return await supervise(host=args.host, port=args.port, workers=args.workers, inline=args.inline, env=env,
+                           drain_timeout_s=settings.drain_timeout_s)
 
 
 # -- parser -------------------------------------------------------------------------------------------------------------
@@ -345,7 +497,46 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--max-attempts", type=int, help="executions before the job is dead (default: the agent's)")
     sp.add_argument("--wait", action="store_true", help="wait for the job to finish and print it")
     sp.add_argument("--timeout", type=float, default=None, help="with --wait: give up after this many seconds")
+    sp.add_argument("--url", help="submit through this gateway (TENURE_URL) instead of the store directly")
+    sp.add_argument("--follow", action="store_true", help="print the job's live event stream (needs a gateway)")
     sp.set_defaults(fn=cmd_submit)
+
+    sp = sub.add_parser("tail", help="print a job's events until it finishes (live over SSE with --url)")
+    common(sp)
+    sp.add_argument("id")
+    sp.add_argument("--after", help="start after this cursor (EPOCH-SEQ)")
+    sp.add_argument("--url", help="the gateway (TENURE_URL); without one the store's history is polled")
+    sp.set_defaults(fn=cmd_tail)
+
+    sp = sub.add_parser("cancel", help="cancel a job: requested, accepted, already_finished or unknown")
+    common(sp)
+    sp.add_argument("id")
+    sp.add_argument("--wait", type=float, help="with a gateway: wait up to this many seconds for the owner")
+    sp.add_argument("--url", help="the gateway (TENURE_URL); without one the store is used directly")
+    sp.set_defaults(fn=cmd_cancel)
+
+    sp = sub.add_parser("approve", help="approve (or --reject) a job waiting in ctx.approval()")
+    common(sp)
+    sp.add_argument("id")
+    sp.add_argument("--reject", action="store_true", help="answer no")
+    sp.add_argument("--comment", help="a comment handed to the handler")
+    sp.add_argument("--url", help="the gateway (TENURE_URL); without one the store is used directly")
+    sp.set_defaults(fn=cmd_approve)
+
+    sp = sub.add_parser("gateway", help="run the HTTP / WebSocket / SSE gateway")
+    common(sp, json_flag=False)
+    sp.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1; others need API keys)")
+    sp.add_argument("--port", type=int, default=8000)
+    sp.add_argument("--inline", action="store_true", help="run a worker inside the gateway (local fast path)")
+    sp.set_defaults(fn=cmd_gateway)
+
+    sp = sub.add_parser("up", help="run one gateway and N workers, supervised (Ctrl-C stops everything)")
+    common(sp, json_flag=False)
+    sp.add_argument("--host", default="127.0.0.1")
+    sp.add_argument("--port", type=int, default=8000)
+    sp.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
+    sp.add_argument("--inline", action="store_true", help="also run a worker inside the gateway process")
+    sp.set_defaults(fn=cmd_up)
 
     sp = sub.add_parser("jobs", help="list jobs, newest first")
     common(sp)

@@ -6,6 +6,9 @@
     flaky               fail the first N attempts, then succeed          {"fail_times": 2}
     blocking            sync I/O through ctx.to_thread                   {"seconds": 0.2}
     crash_after_effect  increment a counter file, then sleep (crash tests) {"counter": "/tmp/c", "seconds": 30}
+    converse            echo each input sent to the job until "bye"      (POST /v1/jobs/{id}/input)
+    publish             ask for an approval, then publish or not         (POST /v1/jobs/{id}/approve)
+    hang                sleep past its 0.5 s timeout (the circuit breaker counts the timeouts)
 """
 
 from __future__ import annotations
@@ -99,3 +102,34 @@ async def crash_after_effect(ctx: Context, input: Any) -> dict[str, Any]:
     await ctx.emit("effect", {"counter": value})
     await asyncio.sleep(float(_arg(input, "seconds", 30.0)))
     return {"counter": value}
+
+
+@app.agent("converse", timeout=3600)
+async def converse(ctx: Context, input: Any) -> dict[str, Any]:
+    """Wait for inputs (`ctx.next_input()`), answer each with a `message` event, stop at "bye". While it waits
+    the job is `waiting` and holds no worker slot."""
+    turns = 0
+    while True:
+        said = await ctx.next_input()
+        if said == "bye":
+            return {"turns": turns}
+        turns += 1
+        await ctx.emit("message", {"you_said": said, "turn": turns})
+
+
+@app.agent("publish", timeout=3600)
+async def publish(ctx: Context, input: Any) -> dict[str, Any]:
+    """Draft, then wait for a human's approval (`ctx.approval`) before publishing."""
+    draft = f"draft: {_arg(input, 'title', 'untitled')}"
+    await ctx.emit("draft", {"text": draft})
+    if await ctx.approval(f"publish {draft!r}?"):
+        return {"published": draft}
+    return {"published": None, "reason": "rejected"}
+
+
+@app.agent("hang", timeout=0.5, max_attempts=1)
+async def hang(ctx: Context, input: Any) -> dict[str, Any]:
+    """Sleep past the agent's 0.5 s timeout: each run ends `dead` with error `timeout`, and the gateway's
+    circuit breaker for `hang` opens after TENURE_BREAKER_THRESHOLD of them within the window."""
+    await asyncio.sleep(float(_arg(input, "seconds", 10.0)))
+    return {"woke": True}

@@ -86,6 +86,14 @@ class Settings:
     stall_threshold_s: float = 0.25
     degraded_lag_s: float = 0.5
     degraded_for_s: float = 2.0
+    # The gateway: admission caps and the per-agent circuit breaker (DESIGN.md, "Admission at the gateway"),
+    # and the gateway URL the CLI's client commands talk to (unset: they use the store directly).
+    max_queued: int = 500
+    max_queued_per_tenant: int = 500
+    breaker_threshold: int = 3
+    breaker_window_s: float = 600.0
+    breaker_open_s: float = 60.0
+    url: str | None = None
     extra: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -147,6 +155,12 @@ _PARSERS: dict[str, Any] = {
     "stall_threshold_s": _pos_float,
     "degraded_lag_s": _pos_float,
     "degraded_for_s": _pos_float,
+    "max_queued": _pos_int,
+    "max_queued_per_tenant": _pos_int,
+    "breaker_threshold": _pos_int,
+    "breaker_window_s": _pos_float,
+    "breaker_open_s": _pos_float,
+    "url": _optional,
 }
 # Variables owned by layers that parse them themselves (gateway keys, quotas); known, so not an error.
-_OTHER_LAYERS = frozenset({"api_keys", "api_keys_file", "admin_key", "quotas", "metrics_port"})
+_OTHER_LAYERS = frozenset({"api_keys", "api_keys_file", "admin_key", "api_key", "quotas", "metrics_port"})

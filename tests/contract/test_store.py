@@ -13,7 +13,18 @@ import pytest
 from tenure.contracts.errors import IdempotencyConflict, IllegalTransition, NotFound
 from tenure.contracts.states import JobState, WorkerState
 from tenure.contracts.store import LeaseRef, Store
-from tenure.contracts.types import AgentSpec, Claim, Fence, Finish, JobFilter, NewEvent, Start, WorkerInfo, new_id
+from tenure.contracts.types import (
+    AgentSpec,
+    Claim,
+    ControlOutcome,
+    Fence,
+    Finish,
+    JobFilter,
+    NewEvent,
+    Start,
+    WorkerInfo,
+    new_id,
+)
 from tenure.control.admission import Admission, JobRequest
 
 AGENTS = {
@@ -53,9 +64,9 @@ def finish(fence: Fence, execution_id: str, state: JobState = JobState.SUCCEEDED
 
 
 async def test_migrate_is_idempotent_and_reports_the_version(store: Store) -> None:
-    assert await store.schema_version() == 1
-    assert await store.migrate() == 1
-    assert await store.schema_version() == 1
+    assert await store.schema_version() == 2
+    assert await store.migrate() == 2
+    assert await store.schema_version() == 2
 
 
 async def test_server_time_is_the_database_clock(store: Store) -> None:
@@ -359,3 +370,181 @@ async def test_heartbeat_reports_a_cancel_request_only_when_there_is_one(store: 
     await start_one(store, claim)
     reply = await store.heartbeat(W1, WorkerState.ACTIVE, 1, [claim.fence], TTL)
     assert reply.renewed == {claim.fence.job_id} and reply.cancel_requested == frozenset()
+
+
+# -- the gateway's side ------------------------------------------------------------------------------------------------
+async def test_queue_depth_counts_queued_and_scheduled_jobs_per_tenant(store: Store) -> None:
+    assert await store.queue_depth("a") == (0, 0)
+    await submit(store, tenant="a")
+    await submit(store, tenant="a")
+    await submit(store, tenant="b")
+    assert await store.queue_depth("a") == (3, 2)
+    claim = await claim_one(store)
+    execution_id = await start_one(store, claim)  # running: no longer waiting to start
+    assert (await store.queue_depth("a"))[0] == 2
+    await store.finish(W1, [finish(claim.fence, execution_id, JobState.SCHEDULED, delay=60)])
+    assert (await store.queue_depth("a"))[0] == 3  # scheduled for a retry: waiting again
+
+
+async def test_circuit_opens_after_threshold_failures_and_counts_timeouts_on_finish(store: Store) -> None:
+    closed = await store.circuit_state("agent:echo", 3, 600, 60)
+    assert (closed.failures, closed.open_for_s) == (0, 0.0)
+    await store.record_circuit_failure("agent:echo")
+    await store.record_circuit_failure("agent:echo")
+    assert (await store.circuit_state("agent:echo", 3, 600, 60)).open_for_s == 0.0
+    await submit(store)
+    claim = await claim_one(store)
+    execution_id = await start_one(store, claim)
+    timeout = Finish(claim.fence, execution_id, 0.0, JobState.SCHEDULED, 2, None, "timeout", "slow", 0.0)
+    assert await store.finish(W1, [timeout]) == [claim.fence.job_id]
+    state = await store.circuit_state("agent:echo", 3, 600, 60)
+    assert state.failures == 3 and 55 < state.open_for_s <= 60
+    assert (await store.circuit_state("agent:echo", 3, 600, 0.05)).failures == 3
+    await asyncio.sleep(0.1)
+    assert (await store.circuit_state("agent:echo", 3, 600, 0.05)).open_for_s == 0.0  # open time elapsed
+    assert (await store.circuit_state("agent:other", 3, 600, 60)).failures == 0
+
+
+async def test_cancel_answers_by_the_jobs_state(store: Store) -> None:
+    queued = await submit(store, tenant="a")
+    assert await store.cancel(queued, tenant="b") is ControlOutcome.UNKNOWN  # another tenant's job
+    assert await store.cancel(new_id()) is ControlOutcome.UNKNOWN
+    assert await store.cancel(queued, tenant="a") is ControlOutcome.ACCEPTED  # unowned: cancelled at once
+    job = await store.get_job(queued)
+    assert job is not None and job.state is JobState.CANCELLED and job.cancel_requested_at is not None
+    assert [(e.epoch, e.seq, e.type) for e in await store.read_events(queued, None, 10)] == [
+        (0, 1, "job.cancelled")]
+    assert await store.cancel(queued) is ControlOutcome.ALREADY_FINISHED
+    assert await store.claim(W1, ["echo"], [], 5, TTL) == []
+
+    await store.register_worker(WorkerInfo(W1, "h", 1, 1, ("echo",)))
+    running = await submit(store)
+    claim = await claim_one(store)
+    execution_id = await start_one(store, claim)
+    assert await store.cancel(running) is ControlOutcome.REQUESTED
+    assert await store.cancel(running) is ControlOutcome.REQUESTED  # harmless twice
+    job = await store.get_job(running)
+    assert job is not None and job.state is JobState.RUNNING  # the owner decides when it stops
+    reply = await store.heartbeat(W1, WorkerState.ACTIVE, 1, [claim.fence], TTL)
+    assert reply.cancel_requested == {running}
+    await store.finish(W1, [finish(claim.fence, execution_id, JobState.CANCELLED)])
+    assert await store.cancel(running) is ControlOutcome.ALREADY_FINISHED
+
+
+async def test_commands_are_persisted_in_order_only_for_unfinished_jobs(store: Store) -> None:
+    job_id = await submit(store, tenant="a")
+    assert await store.send_command(job_id, "b", "input", "1") is ControlOutcome.UNKNOWN
+    assert await store.send_command(job_id, "a", "input", json.dumps({"text": "hi"})) is ControlOutcome.REQUESTED
+    assert await store.send_command(job_id, None, "approve", json.dumps({"approved": True})) is (
+        ControlOutcome.REQUESTED)
+    commands = await store.read_commands(job_id, 0)
+    assert [(c.seq, c.kind, c.payload) for c in commands] == [
+        (1, "input", {"text": "hi"}), (2, "approve", {"approved": True})]
+    assert [c.seq for c in await store.read_commands(job_id, 1)] == [2]
+    await store.cancel(job_id)
+    assert await store.send_command(job_id, None, "input", "2") is ControlOutcome.ALREADY_FINISHED
+    assert len(await store.read_commands(job_id, 0)) == 2
+
+
+async def test_set_waiting_is_fenced_and_appends_its_event(store: Store) -> None:
+    job_id = await submit(store)
+    claim = await claim_one(store)
+    execution_id = await start_one(store, claim)
+    f = claim.fence
+    stale = Fence(f.job_id, f.epoch, f.token + 1)
+    assert not await store.set_waiting(NewEvent(stale, execution_id, 2, "job.waiting", "{}"), True)
+    assert await store.set_waiting(NewEvent(f, execution_id, 2, "job.waiting", '{"for": "input"}'), True)
+    job = await store.get_job(job_id)
+    assert job is not None and job.state is JobState.WAITING
+    assert not await store.set_waiting(NewEvent(f, execution_id, 3, "job.waiting", "{}"), True)  # already
+    assert await store.append_events([NewEvent(f, execution_id, 3, "note", "{}")]) == set()  # still owned
+    assert await store.set_waiting(NewEvent(f, execution_id, 4, "job.resumed", "{}"), False)
+    job = await store.get_job(job_id)
+    assert job is not None and job.state is JobState.RUNNING
+    assert [e.type for e in await store.read_events(job_id, None, 10)] == [
+        "execution.started", "job.waiting", "note", "job.resumed"]
+
+
+async def test_wait_for_events_tells_of_appended_events(store: Store, database_url: str) -> None:
+    from tenure.app import open_store
+    from tenure.settings import Settings
+
+    await store.wait_for_events(0.01)  # arm the listener / poller
+    await store.wait_for_events(0.01)
+    writer = await open_store(Settings(database_url=database_url))
+    try:
+        job_id = await submit(writer)
+        claim = await claim_one(writer)
+        execution_id = await start_one(writer, claim)
+        await writer.append_events([NewEvent(claim.fence, execution_id, 2, "message.delta", '{"t": "x"}')])
+        # Postgres carries the append's events in its own NOTIFY (after the start's): wait for that one.
+        wanted = "message.delta" if store.dialect == "postgres" else "notice"
+        seen: list[object] = []
+        for _ in range(50):
+            for notice in await store.wait_for_events(0.2):
+                seen.extend(e.type for e in notice.events)
+                if notice.job_ids is None or job_id in notice.job_ids:
+                    seen.append("notice")
+            if wanted in seen:
+                break
+        assert "notice" in seen
+        if store.dialect == "postgres":  # small batches travel inside the NOTIFY
+            assert "message.delta" in seen
+            big = "x" * 9000
+            await writer.append_events([NewEvent(claim.fence, execution_id, 3, "big", json.dumps(big))])
+            notices = await store.wait_for_events(5.0)
+            assert notices and all(not n.events for n in notices)  # over the limit: a reference only
+            assert any(n.job_ids is None or job_id in n.job_ids for n in notices)
+    finally:
+        await writer.close()
+
+
+async def test_read_events_many_reads_several_histories_after_their_own_cursors(store: Store) -> None:
+    jobs = []
+    for _ in range(2):
+        await submit(store)
+        claim = await claim_one(store)
+        execution_id = await start_one(store, claim)
+        await store.append_events([NewEvent(claim.fence, execution_id, s, "e", "{}") for s in (2, 3, 4)])
+        jobs.append(claim.fence.job_id)
+    a, b = jobs
+    got = await store.read_events_many([(a, (1, 2)), (b, None), (new_id(), None)], 2)
+    assert sorted((e.job_id, e.seq) for e in got) == sorted([(a, 3), (a, 4), (b, 1), (b, 2)])
+    assert [e.seq for e in got if e.job_id == a] == [3, 4]
+    assert await store.read_events_many([], 10) == []
+
+
+async def test_find_idempotent_answers_only_the_tenants_own_key(store: Store) -> None:
+    from tenure.control.admission import idem_digest
+
+    a = await admission(store).submit(JobRequest("echo", 1, idempotency_key="k", tenant="a"))
+    found = await store.find_idempotent("a", idem_digest("a", "k"))
+    assert found is not None and found[0] == a.job_id and len(found[1]) == 32
+    assert await store.find_idempotent("b", idem_digest("a", "k")) is None
+    assert await store.find_idempotent("a", idem_digest("a", "other")) is None
+
+
+async def test_control_hints_and_state_tell_an_owner_of_cancels_and_commands(
+    store: Store, database_url: str
+) -> None:
+    from tenure.app import open_store
+    from tenure.settings import Settings
+
+    running = await submit(store)
+    claim = await claim_one(store)
+    await start_one(store, claim)
+    assert await store.control_state([running]) == (frozenset(), {})
+    await store.wait_for_control(0.01)  # arm the listener / poller
+    gateway = await open_store(Settings(database_url=database_url))  # another process's connection
+    try:
+        assert await gateway.send_command(running, None, "input", '"hi"') is ControlOutcome.REQUESTED
+        assert await gateway.cancel(running) is ControlOutcome.REQUESTED
+    finally:
+        await gateway.close()
+    hint: frozenset[str] | None = frozenset()
+    for _ in range(50):
+        hint = await store.wait_for_control(0.2)
+        if hint is None or running in hint:
+            break
+    assert hint is None or running in hint
+    assert await store.control_state([running, new_id()]) == (frozenset({running}), {running: 1})

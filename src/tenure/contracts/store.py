@@ -16,9 +16,13 @@ from typing import Protocol, runtime_checkable
 
 from tenure.contracts.states import JobState, WorkerState
 from tenure.contracts.types import (
+    CircuitState,
     Claim,
+    Command,
+    ControlOutcome,
     Enqueued,
     Event,
+    EventNotice,
     Execution,
     Fence,
     Finish,
@@ -127,6 +131,13 @@ class Store(Protocol):
         """A job's history in cursor order, strictly after `after` (epoch, seq)."""
         ...
 
+    async def read_events_many(
+        self, cursors: Sequence[tuple[str, tuple[int, int] | None]], limit: int
+    ) -> list[Event]:
+        """The histories of several jobs, each strictly after its own cursor, at most `limit` events per job,
+        in cursor order within each job: one round trip for a gateway's many live streams."""
+        ...
+
     async def list_executions(self, job_id: str) -> list[Execution]:
         """Every recorded attempt of a job."""
         ...
@@ -147,6 +158,59 @@ class Store(Protocol):
     async def wait_for_jobs(self, timeout_s: float) -> None:
         """Return when new work may be claimable (NOTIFY on Postgres, a change of the database on SQLite),
         or after `timeout_s`. A wake-up is a hint, never a promise."""
+        ...
+
+    # -- the gateway's side: admission counts, control commands, live events ----------------------------------------
+    async def queue_depth(self, tenant: str) -> tuple[int, int]:
+        """Jobs waiting to start (queued or scheduled), counted in the shared store: (all tenants, `tenant`)."""
+        ...
+
+    async def find_idempotent(self, tenant: str, idem_digest: bytes) -> tuple[str, bytes] | None:
+        """The job a tenant created with this idempotency digest, and its request fingerprint, if any."""
+        ...
+
+    async def record_circuit_failure(self, key: str) -> None:
+        """Count one failure (a timeout) in the sliding window of circuit `key`, on the server's clock."""
+        ...
+
+    async def circuit_state(self, key: str, threshold: int, window_s: float, open_s: float) -> CircuitState:
+        """Failures of `key` within the last `window_s`; the circuit is open for `open_s` after the failure that
+        brought the count to `threshold` or more (open_for_s > 0 while open)."""
+        ...
+
+    async def cancel(self, job_id: str, tenant: str | None = None) -> ControlOutcome:
+        """Cancel a job. A queued unowned (or scheduled) job is cancelled at once with its terminal event
+        (`accepted`); an owned one gets `cancel_requested_at` (`requested`) for its owner to act on; a terminal
+        one is `already_finished`; a missing one (or another tenant's) is `unknown`."""
+        ...
+
+    async def send_command(self, job_id: str, tenant: str | None, kind: str, payload_json: str) -> ControlOutcome:
+        """Persist a command (`input`, `approve`) for a job that is not terminal (`requested`); else
+        `already_finished` or `unknown`, and nothing is written."""
+        ...
+
+    async def read_commands(self, job_id: str, after_seq: int) -> list[Command]:
+        """A job's commands after `after_seq`, oldest first."""
+        ...
+
+    async def set_waiting(self, event: NewEvent, waiting: bool) -> bool:
+        """Fenced: move the job running → waiting (`waiting`) or waiting → running, appending `event` in the
+        same transaction. False when the fence no longer owns the job in the expected state."""
+        ...
+
+    async def wait_for_control(self, timeout_s: float) -> frozenset[str] | None:
+        """Return the ids of jobs that got a control command (cancel request, input, approval) since the last
+        call, waiting up to `timeout_s` (an empty set on timeout; None: any job may have, check them all).
+        A hint for the owners' fast path; the heartbeat reply stays the floor. One consumer per store."""
+        ...
+
+    async def control_state(self, job_ids: Sequence[str]) -> tuple[frozenset[str], dict[str, int]]:
+        """For these jobs: the ones with a cancel request, and the last command sequence number of each."""
+        ...
+
+    async def wait_for_events(self, timeout_s: float) -> list[EventNotice]:
+        """Return the notices of appended events since the last call, waiting up to `timeout_s` for one
+        (an empty list on timeout). One consumer per store instance (the gateway's event hub)."""
         ...
 
 

@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from tenure.contracts.states import JobState, WorkerState
@@ -348,3 +349,49 @@ class SweepReport:
 
     def as_dict(self) -> Mapping[str, list[str]]:
         return dataclasses.asdict(self)
+
+
+class ControlOutcome(StrEnum):
+    """The answer to a control command (cancel, input, approve) once it is persisted.
+
+    `requested`: written to the job; its owner learns of it from the live channel or its next heartbeat.
+    `accepted`: the command took effect (a queued, unowned job was cancelled by the store itself, or the owner
+    acted on it while the caller waited). `already_finished`: the job is terminal, nothing was written.
+    `unknown`: no such job (or it belongs to another tenant), nothing was written.
+    """
+
+    REQUESTED = "requested"
+    ACCEPTED = "accepted"
+    ALREADY_FINISHED = "already_finished"
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True, slots=True)
+class Command:
+    """A persisted control command for a job's owner: `input` (payload = the input) or `approve`
+    (payload = {"approved": bool, ...}). `seq` orders a job's commands from 1."""
+
+    job_id: str
+    seq: int
+    kind: str
+    payload: Any
+    ts: float
+
+
+@dataclass(frozen=True, slots=True)
+class EventNotice:
+    """A hint that a job's history grew. `events` carries the appended events when the live channel could
+    (Postgres NOTIFY under its size limit); otherwise it is empty and readers catch up from history.
+    `job_ids` None means "any job may have changed" (SQLite polling, a re-established listener)."""
+
+    job_ids: frozenset[str] | None
+    events: tuple[Event, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class CircuitState:
+    """A circuit breaker's window as the store counts it: failures within the window, and seconds the circuit
+    stays open (0 when closed)."""
+
+    failures: int
+    open_for_s: float

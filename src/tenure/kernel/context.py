@@ -47,6 +47,9 @@ class ExecutionPort(Protocol):
 
     def record_external(self, kind: str, seconds: float) -> None:
         """Record one timed external call (model, tool) of this execution (`tenure_external_seconds`)."""
+    async def wait_command(self, kind: str, prompt: Any) -> Any:
+        """Wait for the next persisted command of `kind` (`input`, `approve`) and return its payload. While it
+        waits the job is `waiting` and the execution holds no worker slot."""
         ...
 
 
@@ -123,3 +126,18 @@ class Context:
     def usage(self, **counts: float) -> None:
         """Record usage (e.g. input_tokens=812, output_tokens=95, cost_usd=0.01) on this execution."""
         self._port.record_usage(counts)
+
+    # -- pause and resume: human input and approval ---------------------------------------------------------------
+    async def next_input(self) -> Any:
+        """Wait for the next input sent to this job (`POST /v1/jobs/{id}/input`, `tenure.client`) and return it.
+
+        While waiting the job is `waiting` and frees its worker slot; it takes one back before returning.
+        Inputs are persisted before delivery, so one sent before this call is returned at once, in order."""
+        return await self._port.wait_command("input", None)
+
+    async def approval(self, prompt: str) -> bool:
+        """Ask for an approval (`POST /v1/jobs/{id}/approve`, `tenure approve ID`) and wait for the answer.
+
+        `prompt` travels in the `job.waiting` event. Returns True when approved, False when rejected."""
+        answer = await self._port.wait_command("approve", prompt)
+        return bool(answer.get("approved", False)) if isinstance(answer, dict) else bool(answer)

@@ -36,6 +36,7 @@ from tenure.contracts.states import JobState, WorkerState
 from tenure.contracts.store import Leases, Store
 from tenure.contracts.types import (
     Claim,
+    Command,
     Fence,
     Finish,
     NewEvent,
@@ -58,6 +59,9 @@ T = TypeVar("T")
 
 SWEEPER_DUTY = "duty:sweeper"
 MAX_RESULT_BYTES = 1024 * 1024
+# A waiting execution polls the store for its commands (persisted by the gateway before delivery).
+_COMMAND_POLL_MIN_S = 0.05
+_COMMAND_POLL_MAX_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,9 +175,8 @@ class _Execution:
     """One started execution: its fence, its event sequence, and the port its Context writes through."""
 
     __slots__ = (
-        "agent", "attempt", "cancel_requested", "claim", "execution_id", "fence", "finishing", "lost", "seq",
-        "started_at",
-        "task", "unwritten", "usage", "worker",
+        "agent", "attempt", "cancel_requested", "claim", "command_seq", "commands", "commands_ready", "execution_id",
+        "fence", "finishing", "lost", "seq", "started_at", "task", "unwritten", "usage", "worker",
     )
 
     def __init__(self, worker: Worker, claim: Claim, started: Started, agent: Agent) -> None:
@@ -191,6 +194,9 @@ class _Execution:
         self.unwritten = 0
         self.usage: dict[str, float] = {}
         self.task: asyncio.Task[None] | None = None
+        self.command_seq = 0  # the last command read from the store
+        self.commands: list[Command] = []  # read, not yet consumed (another kind than the one awaited)
+        self.commands_ready = asyncio.Event()  # set by the control loop when a new command is persisted
 
     # -- ExecutionPort -------------------------------------------------------------------------------------------
     def check(self) -> None:
@@ -228,6 +234,55 @@ class _Execution:
 
     def record_external(self, kind: str, seconds: float) -> None:
         self.worker._obs.external(self.agent.spec.name, kind, seconds)
+
+    # -- pause and resume (ctx.next_input, ctx.approval) ---------------------------------------------------------------
+    def _take_command(self, kind: str) -> Command | None:
+        for i, c in enumerate(self.commands):
+            if c.kind == kind:
+                return self.commands.pop(i)
+        return None
+
+    async def _read_commands(self) -> None:
+        new = await self.worker.store.read_commands(self.fence.job_id, self.command_seq)
+        if new:
+            self.command_seq = new[-1].seq
+            self.commands.extend(new)
+
+    async def _set_waiting(self, waiting: bool, payload: dict[str, Any]) -> None:
+        await self.flush()  # the history stays in order: everything emitted before goes first
+        self.seq += 1
+        event = NewEvent(self.fence, self.execution_id, self.seq, "job.waiting" if waiting else "job.resumed",
+                         dumps(payload))
+        if not await self.worker.store.set_waiting(event, waiting):
+            self.worker._lose(self.fence.job_id)
+            self.check()
+            raise OwnershipLost(f"job {self.fence.job_id} is no longer owned by epoch {self.fence.epoch}")
+
+    async def wait_command(self, kind: str, prompt: Any) -> Any:
+        self.check()
+        await self._read_commands()
+        command = self._take_command(kind)
+        if command is None:
+            await self._set_waiting(True, {"for": kind, "prompt": prompt})
+            self.worker._free_slot()  # waiting holds no worker slot
+            try:
+                delay = _COMMAND_POLL_MIN_S
+                while command is None:
+                    # Woken by the control loop (NOTIFY / polling hint); the growing poll is the floor.
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self.commands_ready.wait(), delay)
+                    self.commands_ready.clear()
+                    self.check()
+                    try:
+                        await self._read_commands()
+                    except StoreUnavailable as exc:
+                        log.warning("reading commands of job %s failed: %s", self.fence.job_id, exc)
+                    command = self._take_command(kind)
+                    delay = min(delay * 1.5, _COMMAND_POLL_MAX_S)
+            finally:
+                self.worker._busy += 1  # take a slot back (briefly over the limit at worst: no new claims)
+            await self._set_waiting(False, {"command": kind, "seq": command.seq})
+        return command.payload
 
 
 class Worker:
@@ -292,6 +347,7 @@ class Worker:
             heartbeat = loops.create_task(self._heartbeat_loop(), name="heartbeat")
             sweeper = loops.create_task(self._sweeper_loop(), name="sweeper")
             lag_sampler = loops.create_task(self._obs.sampler.run(), name="lag-sampler")
+            control = loops.create_task(self._control_loop(), name="control")
             async with asyncio.TaskGroup() as executions:
                 self._executions = executions
                 claimer = executions.create_task(self._claim_loop(), name="claim-loop")
@@ -299,6 +355,7 @@ class Worker:
                 await self._drain(claimer)
             self._executions = None
             sweeper.cancel()
+            control.cancel()
             await self._writer.close()
             await writer
             heartbeat.cancel()
@@ -554,6 +611,30 @@ class Worker:
                 self._lose(f.job_id)
         for job_id in reply.cancel_requested:
             self._cancel(job_id)
+
+    # -- control commands: the fast path to the owner ------------------------------------------------------------------
+    async def _control_loop(self) -> None:
+        """Act on cancel requests and new commands as soon as the store hints at them (NOTIFY on Postgres,
+        polling on SQLite). The heartbeat reply still carries the cancel flags: this loop only makes it fast."""
+        while True:
+            try:
+                hint = await self.store.wait_for_control(self.config.poll_s)
+                if hint is not None and not hint:
+                    continue
+                ids = [j for j in self._running if hint is None or j in hint]
+                if not ids:
+                    continue
+                cancels, seqs = await self.store.control_state(ids)
+            except StoreUnavailable as exc:
+                log.warning("control hints unavailable, heartbeats deliver commands meanwhile: %s", exc)
+                await asyncio.sleep(self.config.poll_s)
+                continue
+            for job_id in cancels:
+                self._cancel(job_id)
+            for job_id, seq in seqs.items():
+                ex = self._running.get(job_id)
+                if ex is not None and seq > ex.command_seq:
+                    ex.commands_ready.set()
 
     # -- sweeper duty ---------------------------------------------------------------------------------------------------
     async def _sweeper_loop(self) -> None:

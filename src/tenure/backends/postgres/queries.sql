@@ -101,8 +101,17 @@ WITH x AS (
     SELECT s.id, s.epoch, 1, s.execution_id, 'execution.started',
            json_build_object('worker_id', $1::text, 'attempt', s.attempts), s.execution_started_at
       FROM s
+    RETURNING job_id, epoch, seq, execution_id, type, payload, ts
+), wake AS (
+    SELECT tenure_notify_events(json_agg(json_build_object(
+               'j', job_id, 'x', execution_id, 'e', epoch, 's', seq, 't', type, 'p', payload,
+               'ts', extract(epoch FROM ts)::float8) ORDER BY job_id, epoch, seq)::text,
+           array_agg(DISTINCT job_id::text))
+      FROM ev HAVING count(*) > 0
 )
-SELECT id::text, attempts, extract(epoch FROM execution_started_at)::float8 AS started_at FROM s
+SELECT id::text, attempts, extract(epoch FROM execution_started_at)::float8 AS started_at,
+       (SELECT count(*) FROM wake) AS woke
+  FROM s
 
 -- name: finish_executions --
 -- The finish CAS, batched: execution id, epoch and token must match a running or waiting job. Appends the
@@ -127,7 +136,7 @@ WITH x AS (
       FROM x
      WHERE j.id = x.job_id AND j.execution_id = x.execution_id AND j.epoch = x.epoch AND j.token = x.token
        AND j.state IN ('running', 'waiting')
-    RETURNING j.id, j.next_attempt_at
+    RETURNING j.id, j.next_attempt_at, j.agent
 ), ev AS (
     INSERT INTO events (job_id, epoch, seq, execution_id, type, payload)
     SELECT x.job_id, x.epoch, x.seq, x.execution_id,
@@ -136,27 +145,49 @@ WITH x AS (
                              'error', x.error_message,
                              'next_attempt_at', extract(epoch FROM f.next_attempt_at)::float8)
       FROM x JOIN f ON f.id = x.job_id
+    RETURNING job_id, epoch, seq, execution_id, type, payload, ts
 ), ex AS (
     INSERT INTO executions (id, job_id, epoch, worker_id, started_at, outcome, usage)
     SELECT x.execution_id, x.job_id, x.epoch, $13, to_timestamp(x.started_at),
            CASE WHEN x.state = 'scheduled' THEN 'failed' ELSE x.state END, x.usage::json
       FROM x JOIN f ON f.id = x.job_id
+), cb AS (
+    -- A timed-out execution counts in its agent's circuit breaker window.
+    INSERT INTO circuit_failures (key)
+    SELECT 'agent:' || f.agent FROM x JOIN f ON f.id = x.job_id WHERE x.error_code = 'timeout'
+), wake AS (
+    SELECT tenure_notify_events(json_agg(json_build_object(
+               'j', job_id, 'x', execution_id, 'e', epoch, 's', seq, 't', type, 'p', payload,
+               'ts', extract(epoch FROM ts)::float8) ORDER BY job_id, epoch, seq)::text,
+           array_agg(DISTINCT job_id::text))
+      FROM ev HAVING count(*) > 0
 )
-SELECT id::text FROM f
+SELECT id::text, (SELECT count(*) FROM wake) AS woke FROM f
 
 -- name: append_events --
 -- Fenced append, batched: each event is written only while its (job, epoch, token) owns a running or waiting
 -- job. FOR SHARE holds the job rows until commit so the sweeper cannot declare them lost in between.
-INSERT INTO events (job_id, epoch, seq, execution_id, type, payload)
-SELECT x.job_id, x.epoch, x.seq, x.execution_id, x.type, x.payload::json
-  FROM unnest($1::uuid[], $2::int4[], $3::int8[], $4::int4[], $5::uuid[], $6::text[], $7::text[])
-       AS x(job_id, epoch, token, seq, execution_id, type, payload)
-  JOIN (SELECT id, epoch, token FROM jobs
-         WHERE id = ANY($1::uuid[]) AND state IN ('running', 'waiting')
-         ORDER BY id FOR SHARE) AS j
-    ON j.id = x.job_id AND j.epoch = x.epoch AND j.token = x.token
-ON CONFLICT (job_id, epoch, seq) DO NOTHING
-RETURNING job_id::text
+-- One NOTIFY per batch on `tenure_events` carries the inserted events to live subscribers (or, over NOTIFY's
+-- 8,000-byte limit, only the job ids: subscribers then read the history).
+WITH ins AS (
+    INSERT INTO events (job_id, epoch, seq, execution_id, type, payload)
+    SELECT x.job_id, x.epoch, x.seq, x.execution_id, x.type, x.payload::json
+      FROM unnest($1::uuid[], $2::int4[], $3::int8[], $4::int4[], $5::uuid[], $6::text[], $7::text[])
+           AS x(job_id, epoch, token, seq, execution_id, type, payload)
+      JOIN (SELECT id, epoch, token FROM jobs
+             WHERE id = ANY($1::uuid[]) AND state IN ('running', 'waiting')
+             ORDER BY id FOR SHARE) AS j
+        ON j.id = x.job_id AND j.epoch = x.epoch AND j.token = x.token
+    ON CONFLICT (job_id, epoch, seq) DO NOTHING
+    RETURNING job_id, epoch, seq, execution_id, type, payload, ts
+), wake AS (
+    SELECT tenure_notify_events(json_agg(json_build_object(
+               'j', job_id, 'x', execution_id, 'e', epoch, 's', seq, 't', type, 'p', payload,
+               'ts', extract(epoch FROM ts)::float8) ORDER BY job_id, epoch, seq)::text,
+           array_agg(DISTINCT job_id::text))
+      FROM ins HAVING count(*) > 0
+)
+SELECT job_id::text, (SELECT count(*) FROM wake) AS woke FROM ins
 
 -- name: owning_fences --
 -- Which of these fences still own a running or waiting job (the slow path after an append inserted nothing).
@@ -368,3 +399,108 @@ UNION ALL
 SELECT state, '', count(*) FROM jobs WHERE owner IS NOT NULL GROUP BY state
 UNION ALL
 SELECT 'scheduled', '', count(*) FROM jobs WHERE state = 'scheduled'
+
+-- name: notify_events_of --
+-- Tell live subscribers that these jobs' histories grew (writers outside the execution: sweeper, cancel).
+SELECT tenure_notify_events(NULL, $1::text[])
+
+-- name: queue_depth --
+-- Jobs waiting to start (queued or scheduled): all tenants, and one tenant.
+SELECT count(*), count(*) FILTER (WHERE tenant = $1) FROM jobs WHERE state IN ('queued', 'scheduled')
+
+-- name: circuit_record --
+-- Count one failure of a circuit key at the server's clock, forgetting failures older than an hour.
+WITH trim AS (
+    DELETE FROM circuit_failures WHERE key = $1 AND ts < now() - interval '1 hour'
+)
+INSERT INTO circuit_failures (key) VALUES ($1)
+
+-- name: circuit_window --
+-- Failures of a key within the window, the latest one, and the server's clock.
+SELECT count(*), extract(epoch FROM max(ts))::float8, extract(epoch FROM now())::float8
+  FROM circuit_failures WHERE key = $1 AND ts > now() - make_interval(secs => $2)
+
+-- name: cancel_job --
+-- Cancel: a job nobody owns (queued and unclaimed, or scheduled) is cancelled at once with its terminal event;
+-- an owned unfinished one is flagged for its owner. Returns what happened, or nothing when the job is unknown.
+WITH j AS (
+    SELECT id, state, owner, execution_id, epoch FROM jobs
+     WHERE id = $1::uuid AND ($2::text IS NULL OR tenant = $2) FOR UPDATE
+), direct AS (
+    UPDATE jobs AS t
+       SET state = 'cancelled', cancel_requested_at = coalesce(t.cancel_requested_at, now()),
+           finished_at = now(), updated_at = now(), error_code = 'cancelled',
+           error_message = 'cancelled before it started', next_attempt_at = NULL
+      FROM j
+     WHERE t.id = j.id AND ((j.state = 'queued' AND j.owner IS NULL AND j.execution_id IS NULL)
+                            OR j.state = 'scheduled')
+    RETURNING t.id, t.epoch
+), flagged AS (
+    UPDATE jobs AS t SET cancel_requested_at = coalesce(t.cancel_requested_at, now()), updated_at = now()
+      FROM j
+     WHERE t.id = j.id AND j.state IN ('queued', 'running', 'waiting')
+       AND NOT (j.state = 'queued' AND j.owner IS NULL AND j.execution_id IS NULL)
+    RETURNING t.id
+), ev AS (
+    INSERT INTO events (job_id, epoch, seq, type, payload)
+    SELECT d.id, d.epoch,
+           COALESCE((SELECT max(e.seq) FROM events AS e WHERE e.job_id = d.id AND e.epoch = d.epoch), 0) + 1,
+           'job.cancelled', json_build_object('state', 'cancelled', 'error_code', 'cancelled')
+      FROM direct AS d
+)
+SELECT CASE WHEN EXISTS (SELECT 1 FROM direct) THEN 'accepted'
+            WHEN EXISTS (SELECT 1 FROM flagged) THEN 'requested'
+            ELSE 'already_finished' END
+  FROM j
+
+-- name: job_state --
+-- A job's state, optionally restricted to a tenant, locked until the end of the transaction.
+SELECT state FROM jobs WHERE id = $1::uuid AND ($2::text IS NULL OR tenant = $2) FOR UPDATE
+
+-- name: insert_command --
+-- Persist one control command after the job's last one (the caller holds the job's row lock).
+INSERT INTO job_commands (job_id, seq, kind, payload)
+VALUES ($1::uuid, coalesce((SELECT max(seq) FROM job_commands WHERE job_id = $1::uuid), 0) + 1, $2, $3::json)
+
+-- name: read_commands --
+-- A job's commands after a sequence number, oldest first.
+SELECT seq, kind, payload::text, extract(epoch FROM created_at)::float8 FROM job_commands
+ WHERE job_id = $1::uuid AND seq > $2 ORDER BY seq
+
+-- name: set_waiting --
+-- Fenced running <-> waiting, appending the event in the same statement; returns the job id when it matched.
+WITH u AS (
+    UPDATE jobs SET state = $5, updated_at = now()
+     WHERE id = $1::uuid AND epoch = $2 AND token = $3 AND execution_id = $4::uuid AND state = $6
+    RETURNING id, epoch
+), ev AS (
+    INSERT INTO events (job_id, epoch, seq, execution_id, type, payload)
+    SELECT u.id, u.epoch, $7, $4::uuid, $8, $9::json FROM u
+    RETURNING job_id
+), wake AS (
+    SELECT tenure_notify_events(NULL, ARRAY[job_id::text]) FROM ev
+)
+SELECT id::text, (SELECT count(*) FROM wake) AS woke FROM u
+
+-- name: read_events_many --
+-- Several jobs' histories, each after its own cursor and at most $4 events per job, in one round trip.
+SELECT x.job_id::text, e.execution_id::text, e.epoch, e.seq, e.type, e.payload::text,
+       extract(epoch FROM e.ts)::float8 AS ts
+  FROM unnest($1::uuid[], $2::int4[], $3::int4[]) AS x(job_id, epoch, seq)
+ CROSS JOIN LATERAL (
+        SELECT * FROM events AS ev
+         WHERE ev.job_id = x.job_id AND (ev.epoch, ev.seq) > (x.epoch, x.seq)
+         ORDER BY ev.epoch, ev.seq LIMIT $4) AS e
+ ORDER BY x.job_id, e.epoch, e.seq
+
+-- name: control_cancel --
+-- Which of these jobs have a cancel request.
+SELECT id::text FROM jobs WHERE id = ANY($1::uuid[]) AND cancel_requested_at IS NOT NULL
+
+-- name: control_last_command --
+-- The last command sequence number of each of these jobs that has commands.
+SELECT job_id::text, max(seq) FROM job_commands WHERE job_id = ANY($1::uuid[]) GROUP BY job_id
+
+-- name: notify_control --
+-- Tell the owners' control listeners that these jobs got a command (a hint; the store is the truth).
+SELECT pg_notify('tenure_control', array_to_string($1::text[], ','))

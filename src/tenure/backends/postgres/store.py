@@ -29,9 +29,13 @@ from tenure.contracts.errors import (
 from tenure.contracts.states import REQUEUEABLE, JobState, WorkerState
 from tenure.contracts.store import LeaseRef
 from tenure.contracts.types import (
+    CircuitState,
     Claim,
+    Command,
+    ControlOutcome,
     Enqueued,
     Event,
+    EventNotice,
     Execution,
     Fence,
     Finish,
@@ -53,6 +57,8 @@ log = logging.getLogger("tenure.store.postgres")
 Q = load_queries("tenure.backends.postgres")
 MIGRATIONS = load_migrations("tenure.backends.postgres")  # read at import, never on the event loop
 _CHANNEL = "tenure_jobs"
+_EVENTS_CHANNEL = "tenure_events"
+_CONTROL_CHANNEL = "tenure_control"
 _DRIVER_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, asyncio.TimeoutError)
 _REQUEUEABLE = sorted(s.value for s in REQUEUEABLE)
 
@@ -142,6 +148,14 @@ class PostgresStore:
         self._listen_lock = asyncio.Lock()
         self._wake = asyncio.Event()
         self._closed = False
+        self._events_conn: asyncpg.Connection | None = None
+        self._events_lock = asyncio.Lock()
+        self._notices: list[EventNotice] = []
+        self._notice_ready = asyncio.Event()
+        self._control_conn: asyncpg.Connection | None = None
+        self._control_lock = asyncio.Lock()
+        self._control_jobs: set[str] | None = set()  # None: a listener was (re)established, check all
+        self._control_ready = asyncio.Event()
 
     @classmethod
     async def connect(cls, url: str, pool_size: int = 4) -> PostgresStore:
@@ -160,7 +174,7 @@ class PostgresStore:
         if self._closed:
             return
         self._closed = True
-        for conn in (self._listen_conn, self._claim_conn):
+        for conn in (self._listen_conn, self._events_conn, self._control_conn, self._claim_conn):
             if conn is not None and not conn.is_closed():
                 with contextlib.suppress(*_DRIVER_ERRORS):
                     await conn.close(timeout=2)
@@ -280,6 +294,8 @@ class PostgresStore:
         async with self._conn("requeue") as conn, conn.transaction():
             row = await conn.fetchrow(Q["requeue_job"], job_id, tenant, _REQUEUEABLE)
             job = await conn.fetchrow(Q["get_job"], job_id, tenant)
+            if row is not None:
+                await conn.execute(Q["notify_events_of"], [job_id])
         if job is None:
             raise NotFound(f"no job {job_id}")
         if row is None:
@@ -314,7 +330,7 @@ class PostgresStore:
                 Q["start_executions"], worker_id, ids, epochs, tokens, [s.execution_id for s in starts]
             )
         out = []
-        for job_id, attempt, started_at in rows:
+        for job_id, attempt, started_at, _ in rows:
             s = by_job[job_id]
             out.append(Started(s.fence, s.execution_id, started_at, attempt))
         return out
@@ -403,6 +419,19 @@ class PostgresStore:
             Event(job_id, r[0], r[1], r[2], r[3], None if r[4] is None else json.loads(r[4]), r[5]) for r in rows
         ]
 
+    async def read_events_many(
+        self, cursors: Sequence[tuple[str, tuple[int, int] | None]], limit: int
+    ) -> list[Event]:
+        valid = [(j, c if c is not None else (-1, -1)) for j, c in cursors if _is_uuid(j)]
+        if not valid:
+            return []
+        async with self._conn("read_events_many") as conn:
+            rows = await conn.fetch(
+                Q["read_events_many"], [j for j, _ in valid], [c[0] for _, c in valid], [c[1] for _, c in valid],
+                limit,
+            )
+        return [Event(r[0], r[1], r[2], r[3], r[4], None if r[5] is None else json.loads(r[5]), r[6]) for r in rows]
+
     async def list_executions(self, job_id: str) -> list[Execution]:
         async with self._conn("list_executions") as conn:
             rows = await conn.fetch(Q["list_executions"], job_id)
@@ -432,6 +461,9 @@ class PostgresStore:
             report.expired = [r[0] for r in await conn.fetch(Q["sweep_expire"])]
             report.due = [r[0] for r in await conn.fetch(Q["sweep_due"])]
             report.workers_gone = [r[0] for r in await conn.fetch(Q["sweep_workers_gone"], worker_ttl_s)]
+            changed = report.lost + report.requeued + report.dead + report.expired
+            if changed:  # their histories grew (job.lost, job.expired...): one NOTIFY for the sweep
+                await conn.execute(Q["notify_events_of"], changed)
         return report
 
     # -- metrics -----------------------------------------------------------------------------------------------------
@@ -473,6 +505,158 @@ class PostgresStore:
             return
         finally:
             self._wake.clear()
+
+    # -- the gateway's side ------------------------------------------------------------------------------------------
+    async def queue_depth(self, tenant: str) -> tuple[int, int]:
+        async with self._conn("queue_depth") as conn:
+            row = await conn.fetchrow(Q["queue_depth"], tenant)
+        return int(row[0]), int(row[1])
+
+    async def find_idempotent(self, tenant: str, idem_digest: bytes) -> tuple[str, bytes] | None:
+        async with self._conn("find_idempotent") as conn:
+            row = await conn.fetchrow(Q["find_by_idem"], tenant, [idem_digest])
+        return None if row is None else (row["id"], bytes(row["request_fingerprint"]))
+
+    async def record_circuit_failure(self, key: str) -> None:
+        async with self._conn("record_circuit_failure") as conn:
+            await conn.execute(Q["circuit_record"], key)
+
+    async def circuit_state(self, key: str, threshold: int, window_s: float, open_s: float) -> CircuitState:
+        async with self._conn("circuit_state") as conn:
+            count, latest, now = await conn.fetchrow(Q["circuit_window"], key, window_s)
+        open_for = 0.0
+        if count >= threshold and latest is not None:
+            open_for = max(0.0, latest + open_s - now)
+        return CircuitState(int(count), open_for)
+
+    async def cancel(self, job_id: str, tenant: str | None = None) -> ControlOutcome:
+        if not _is_uuid(job_id):
+            return ControlOutcome.UNKNOWN
+        async with self._conn("cancel") as conn, conn.transaction():
+            outcome = await conn.fetchval(Q["cancel_job"], job_id, tenant)
+            if outcome == "accepted":
+                await conn.execute(Q["notify_events_of"], [job_id])
+            elif outcome == "requested":  # the owner's fast path; its heartbeat reply is the floor
+                await conn.execute(Q["notify_control"], [job_id])
+        return ControlOutcome.UNKNOWN if outcome is None else ControlOutcome(outcome)
+
+    async def send_command(self, job_id: str, tenant: str | None, kind: str, payload_json: str) -> ControlOutcome:
+        if not _is_uuid(job_id):
+            return ControlOutcome.UNKNOWN
+        async with self._conn("send_command") as conn, conn.transaction():
+            state = await conn.fetchval(Q["job_state"], job_id, tenant)
+            if state is None:
+                return ControlOutcome.UNKNOWN
+            if JobState(state).terminal:
+                return ControlOutcome.ALREADY_FINISHED
+            await conn.execute(Q["insert_command"], job_id, kind, payload_json)
+            await conn.execute(Q["notify_control"], [job_id])
+        return ControlOutcome.REQUESTED
+
+    async def read_commands(self, job_id: str, after_seq: int) -> list[Command]:
+        async with self._conn("read_commands") as conn:
+            rows = await conn.fetch(Q["read_commands"], job_id, after_seq)
+        return [Command(job_id, r[0], r[1], None if r[2] is None else json.loads(r[2]), r[3]) for r in rows]
+
+    async def set_waiting(self, event: NewEvent, waiting: bool) -> bool:
+        f = event.fence
+        to, expected = ("waiting", "running") if waiting else ("running", "waiting")
+        async with self._conn("set_waiting") as conn:
+            row = await conn.fetchrow(
+                Q["set_waiting"], f.job_id, f.epoch, f.token, event.execution_id, to, expected, event.seq,
+                event.type, event.payload_json,
+            )
+        return row is not None
+
+    def _on_events(self, _conn: object, _pid: int, _channel: str, body: str) -> None:
+        try:
+            data = json.loads(body)
+        except ValueError:
+            data = {"jobs": None}
+        if "events" in data:
+            events = tuple(
+                Event(e["j"], e["x"], e["e"], e["s"], e["t"], e["p"], e["ts"]) for e in data["events"]
+            )
+            self._notices.append(EventNotice(frozenset(e.job_id for e in events), events))
+        else:
+            jobs = data.get("jobs")
+            self._notices.append(EventNotice(None if jobs is None else frozenset(jobs)))
+        self._notice_ready.set()
+
+    def _on_events_lost(self, *_: object) -> None:
+        # Notifications may have been missed while the listener was down: every subscriber checks its history.
+        self._events_conn = None
+        self._notices.append(EventNotice(None))
+        self._notice_ready.set()
+
+    async def _ensure_events_listener(self) -> None:
+        if self._events_conn is not None and not self._events_conn.is_closed():
+            return
+        async with self._events_lock:
+            if self._events_conn is not None and not self._events_conn.is_closed():
+                return
+            try:
+                conn = await asyncpg.connect(_dsn(self._url))
+                await conn.add_listener(_EVENTS_CHANNEL, self._on_events)
+                conn.add_termination_listener(self._on_events_lost)
+            except _DRIVER_ERRORS as exc:
+                log.warning("LISTEN %s failed, readers poll the history meanwhile: %s", _EVENTS_CHANNEL, exc)
+                return
+            self._events_conn = conn
+            self._notices.append(EventNotice(None))  # anything appended before we listened
+            self._notice_ready.set()
+
+    def _on_control(self, _conn: object, _pid: int, _channel: str, body: str) -> None:
+        if self._control_jobs is not None:
+            self._control_jobs.update(j for j in body.split(",") if j)
+        self._control_ready.set()
+
+    def _on_control_lost(self, *_: object) -> None:
+        self._control_conn = None
+        self._control_jobs = None  # commands may have been missed: the owner checks all its jobs
+        self._control_ready.set()
+
+    async def wait_for_control(self, timeout_s: float) -> frozenset[str] | None:
+        if not self._closed and (self._control_conn is None or self._control_conn.is_closed()):
+            async with self._control_lock:
+                if self._control_conn is None or self._control_conn.is_closed():
+                    try:
+                        conn = await asyncpg.connect(_dsn(self._url))
+                        await conn.add_listener(_CONTROL_CHANNEL, self._on_control)
+                        conn.add_termination_listener(self._on_control_lost)
+                        self._control_conn = conn
+                    except _DRIVER_ERRORS as exc:
+                        log.warning("LISTEN %s failed, heartbeats deliver commands meanwhile: %s",
+                                    _CONTROL_CHANNEL, exc)
+        if self._control_jobs is not None and not self._control_jobs:
+            try:
+                await asyncio.wait_for(self._control_ready.wait(), timeout_s)
+            except TimeoutError:
+                return frozenset()
+        self._control_ready.clear()
+        jobs, self._control_jobs = self._control_jobs, set()
+        return None if jobs is None else frozenset(jobs)
+
+    async def control_state(self, job_ids: Sequence[str]) -> tuple[frozenset[str], dict[str, int]]:
+        ids = [j for j in job_ids if _is_uuid(j)]
+        if not ids:
+            return frozenset(), {}
+        async with self._conn("control_state") as conn:
+            cancel = await conn.fetch(Q["control_cancel"], ids)
+            seqs = await conn.fetch(Q["control_last_command"], ids)
+        return frozenset(r[0] for r in cancel), {r[0]: int(r[1]) for r in seqs}
+
+    async def wait_for_events(self, timeout_s: float) -> list[EventNotice]:
+        if not self._closed:
+            await self._ensure_events_listener()
+        if not self._notices:
+            try:
+                await asyncio.wait_for(self._notice_ready.wait(), timeout_s)
+            except TimeoutError:
+                return []
+        self._notice_ready.clear()
+        out, self._notices = self._notices, []
+        return out
 
     # -- leases -------------------------------------------------------------------------------------------------------
     async def acquire(self, key: str, holder: str, limit: int, ttl_s: float) -> bool:

@@ -237,3 +237,73 @@ UNION ALL
 SELECT state, '', count(*) FROM jobs WHERE owner IS NOT NULL GROUP BY state
 UNION ALL
 SELECT 'scheduled', '', count(*) FROM jobs WHERE state = 'scheduled'
+
+-- name: queue_depth --
+-- Jobs waiting to start (queued or scheduled): all tenants, and one tenant.
+SELECT count(*), coalesce(sum(tenant = ?1), 0) FROM jobs WHERE state IN ('queued', 'scheduled')
+
+-- name: circuit_record --
+-- Count one failure of a circuit key at the server's clock.
+INSERT INTO circuit_failures (key, ts) VALUES (?, {now})
+
+-- name: circuit_record_job_timeout --
+-- Count one timeout of a job's agent (the finish of a timed-out execution).
+INSERT INTO circuit_failures (key, ts) SELECT 'agent:' || agent, {now} FROM jobs WHERE id = ?
+
+-- name: circuit_trim --
+-- Forget failures older than the longest window we keep (an hour).
+DELETE FROM circuit_failures WHERE key = ? AND ts < {now} - 3600
+
+-- name: circuit_window --
+-- Failures of a key within the window, the latest one, and the server's clock.
+SELECT count(*), max(ts), {now} FROM circuit_failures WHERE key = ?1 AND ts > {now} - ?2
+
+-- name: cancel_unowned --
+-- Cancel a job nobody owns (queued and unclaimed, or waiting out a retry backoff) at once.
+UPDATE jobs
+   SET state = 'cancelled', cancel_requested_at = coalesce(cancel_requested_at, {now}), finished_at = {now},
+       updated_at = {now}, error_code = 'cancelled', error_message = 'cancelled before it started',
+       next_attempt_at = NULL
+ WHERE id = ?1 AND (?2 IS NULL OR tenant = ?2)
+   AND ((state = 'queued' AND owner IS NULL AND execution_id IS NULL) OR state = 'scheduled')
+RETURNING epoch
+
+-- name: cancel_request --
+-- Flag an owned, unfinished job for cancellation; its owner acts on the flag.
+UPDATE jobs SET cancel_requested_at = coalesce(cancel_requested_at, {now}), updated_at = {now}
+ WHERE id = ?1 AND (?2 IS NULL OR tenant = ?2) AND state IN ('queued', 'running', 'waiting')
+RETURNING id
+
+-- name: job_state --
+-- A job's state, optionally restricted to a tenant.
+SELECT state FROM jobs WHERE id = ?1 AND (?2 IS NULL OR tenant = ?2)
+
+-- name: insert_command --
+-- Persist one control command after the job's last one.
+INSERT INTO job_commands (job_id, seq, kind, payload, created_at)
+VALUES (?1, coalesce((SELECT max(seq) FROM job_commands WHERE job_id = ?1), 0) + 1, ?2, ?3, {now})
+
+-- name: read_commands --
+-- A job's commands after a sequence number, oldest first.
+SELECT seq, kind, payload, created_at FROM job_commands WHERE job_id = ?1 AND seq > ?2 ORDER BY seq
+
+-- name: set_waiting --
+-- Fenced running <-> waiting: epoch, token and execution must match, and the job must be in the expected state.
+UPDATE jobs SET state = ?5, updated_at = {now}
+ WHERE id = ?1 AND epoch = ?2 AND token = ?3 AND execution_id = ?4 AND state = ?6
+
+-- name: read_events_many --
+-- One job's history after a cursor (run once per job of a batch, all in one hop to the connection thread).
+SELECT execution_id, epoch, seq, type, payload, ts FROM events
+ WHERE job_id = ?1 AND (epoch > ?2 OR (epoch = ?2 AND seq > ?3))
+ ORDER BY epoch, seq LIMIT ?4
+
+-- name: control_cancel --
+-- For a batch of jobs (a JSON array of ids): whether each has a cancel request, and its last command seq.
+SELECT j.id, j.cancel_requested_at IS NOT NULL AS cancel,
+       (SELECT coalesce(max(c.seq), 0) FROM job_commands AS c WHERE c.job_id = j.id) AS last_seq
+  FROM jobs AS j WHERE j.id IN (SELECT value FROM json_each(?1))
+
+-- name: control_last_command --
+-- The last command sequence number of one job (0 when none).
+SELECT coalesce(max(seq), 0) FROM job_commands WHERE job_id = ?

@@ -50,9 +50,13 @@ from tenure.contracts.errors import (
 from tenure.contracts.states import REQUEUEABLE, JobState, WorkerState
 from tenure.contracts.store import LeaseRef
 from tenure.contracts.types import (
+    CircuitState,
     Claim,
+    Command,
+    ControlOutcome,
     Enqueued,
     Event,
+    EventNotice,
     Execution,
     Fence,
     Finish,
@@ -80,6 +84,10 @@ T = TypeVar("T")
 _BUSY_TIMEOUT_S = 30.0
 _POLL_MIN_S = 0.002
 _POLL_MAX_S = 0.025
+_CONTROL_POLL_S = 0.1
+# The gateway's event hub polls faster than workers do: its wake-up is a stream's latency, and a PRAGMA
+# data_version on the connection thread costs microseconds.
+_EVENTS_POLL_MAX_S = 0.005
 
 
 def sqlite_path(url: str) -> str:
@@ -158,6 +166,12 @@ class SqliteStore:
         self._seen_version = -1
         self._wake = asyncio.Event()
         self._closed = False
+        # Live events on SQLite are a tail of the history: `data_version` tells of other connections' commits,
+        # and this flag of our own (an inline worker shares the gateway's store).
+        self._events_seen_version = -1
+        self._events_local = asyncio.Event()
+        self._control_seen_version = -1
+        self._control_local = asyncio.Event()
 
     @classmethod
     async def connect(cls, url: str, synchronous: str = "FULL") -> SqliteStore:
@@ -348,6 +362,7 @@ class SqliteStore:
 
         job = await self._run(lambda: self._tx(fn), "requeue")
         self._wake.set()
+        self._events_local.set()
         return job
 
     # -- ownership -----------------------------------------------------------------------------------------------
@@ -391,7 +406,9 @@ class SqliteStore:
                 out.append(Started(f, s.execution_id, started_at, attempt))
             return out
 
-        return await self._run(lambda: self._tx(fn), "start")
+        out = await self._run(lambda: self._tx(fn), "start")
+        self._events_local.set()
+        return out
 
     async def finish(self, worker_id: str, finishes: Sequence[Finish]) -> list[str]:
         if not finishes:
@@ -424,10 +441,14 @@ class SqliteStore:
                     (x.execution_id, f.job_id, f.epoch, worker_id, x.started_at,
                      "failed" if retry else x.state.value, x.usage_json),
                 )
+                if x.error_code == "timeout":  # the agent's circuit breaker counts timeouts
+                    db.execute(Q["circuit_record_job_timeout"], (f.job_id,))
                 done.append(f.job_id)
             return done
 
-        return await self._run(lambda: self._tx(fn), "finish")
+        done = await self._run(lambda: self._tx(fn), "finish")
+        self._events_local.set()
+        return done
 
     async def append_events(self, events: Sequence[NewEvent]) -> set[str]:
         if not events:
@@ -448,7 +469,9 @@ class SqliteStore:
                 db.execute(Q["insert_event"], (f.job_id, f.epoch, e.seq, e.execution_id, e.type, e.payload_json))
             return rejected
 
-        return await self._run(lambda: self._tx(fn), "append_events")
+        rejected = await self._run(lambda: self._tx(fn), "append_events")
+        self._events_local.set()
+        return rejected
 
     async def release_claims(self, worker_id: str, fences: Sequence[Fence]) -> list[str]:
         if not fences:
@@ -511,6 +534,22 @@ class SqliteStore:
         )
         return [Event(job_id, r[0], r[1], r[2], r[3], None if r[4] is None else json.loads(r[4]), r[5]) for r in rows]
 
+    async def read_events_many(
+        self, cursors: Sequence[tuple[str, tuple[int, int] | None]], limit: int
+    ) -> list[Event]:
+        if not cursors:
+            return []
+
+        def fn(db: sqlite3.Connection) -> list[Event]:
+            out = []
+            for job_id, after in cursors:
+                epoch, seq = after if after is not None else (-1, -1)
+                for r in db.execute(Q["read_events_many"], (job_id, epoch, seq, limit)).fetchall():
+                    out.append(Event(job_id, r[0], r[1], r[2], r[3], None if r[4] is None else json.loads(r[4]), r[5]))
+            return out
+
+        return await self._run(lambda: self._read(fn), "read_events_many")
+
     async def list_executions(self, job_id: str) -> list[Execution]:
         rows = await self._run(
             lambda: self._read(lambda db: db.execute(Q["list_executions"], (job_id,)).fetchall())
@@ -550,6 +589,7 @@ class SqliteStore:
             return report
 
         report = await self._run(lambda: self._tx(fn), "sweep")
+        self._events_local.set()
         if report.released or report.requeued or report.due:
             self._wake.set()
         return report
@@ -584,6 +624,139 @@ class SqliteStore:
             except TimeoutError:
                 pass
             interval = min(interval * 2, _POLL_MAX_S)
+
+    # -- the gateway's side ------------------------------------------------------------------------------------------
+    async def queue_depth(self, tenant: str) -> tuple[int, int]:
+        row = await self._run(lambda: self._read(lambda db: db.execute(Q["queue_depth"], (tenant,)).fetchone()))
+        return int(row[0]), int(row[1])
+
+    async def find_idempotent(self, tenant: str, idem_digest: bytes) -> tuple[str, bytes] | None:
+        row = await self._run(
+            lambda: self._read(lambda db: db.execute(Q["find_by_idem"], (tenant, idem_digest)).fetchone())
+        )
+        return None if row is None else (row[0], bytes(row[1]))
+
+    async def record_circuit_failure(self, key: str) -> None:
+        def fn(db: sqlite3.Connection) -> None:
+            db.execute(Q["circuit_trim"], (key,))
+            db.execute(Q["circuit_record"], (key,))
+
+        await self._run(lambda: self._tx(fn), "record_circuit_failure")
+
+    async def circuit_state(self, key: str, threshold: int, window_s: float, open_s: float) -> CircuitState:
+        count, latest, now = await self._run(
+            lambda: self._read(lambda db: db.execute(Q["circuit_window"], (key, window_s)).fetchone())
+        )
+        open_for = 0.0
+        if count >= threshold and latest is not None:
+            open_for = max(0.0, latest + open_s - now)
+        return CircuitState(int(count), open_for)
+
+    async def cancel(self, job_id: str, tenant: str | None = None) -> ControlOutcome:
+        def fn(db: sqlite3.Connection) -> ControlOutcome:
+            row = db.execute(Q["cancel_unowned"], (job_id, tenant)).fetchone()
+            if row is not None:
+                payload = json.dumps({"state": "cancelled", "error_code": "cancelled"})
+                db.execute(Q["insert_event_next"], (job_id, row[0], None, "job.cancelled", payload))
+                return ControlOutcome.ACCEPTED
+            if db.execute(Q["cancel_request"], (job_id, tenant)).fetchone() is not None:
+                return ControlOutcome.REQUESTED
+            if db.execute(Q["job_state"], (job_id, tenant)).fetchone() is None:
+                return ControlOutcome.UNKNOWN
+            return ControlOutcome.ALREADY_FINISHED
+
+        out = await self._run(lambda: self._tx(fn), "cancel")
+        self._events_local.set()
+        self._control_local.set()
+        return out
+
+    async def send_command(self, job_id: str, tenant: str | None, kind: str, payload_json: str) -> ControlOutcome:
+        def fn(db: sqlite3.Connection) -> ControlOutcome:
+            row = db.execute(Q["job_state"], (job_id, tenant)).fetchone()
+            if row is None:
+                return ControlOutcome.UNKNOWN
+            if JobState(row[0]).terminal:
+                return ControlOutcome.ALREADY_FINISHED
+            db.execute(Q["insert_command"], (job_id, kind, payload_json))
+            return ControlOutcome.REQUESTED
+
+        out = await self._run(lambda: self._tx(fn), "send_command")
+        self._control_local.set()
+        return out
+
+    async def read_commands(self, job_id: str, after_seq: int) -> list[Command]:
+        rows = await self._run(
+            lambda: self._read(lambda db: db.execute(Q["read_commands"], (job_id, after_seq)).fetchall())
+        )
+        return [Command(job_id, r[0], r[1], None if r[2] is None else json.loads(r[2]), r[3]) for r in rows]
+
+    async def set_waiting(self, event: NewEvent, waiting: bool) -> bool:
+        f = event.fence
+        to, expected = ("waiting", "running") if waiting else ("running", "waiting")
+
+        def fn(db: sqlite3.Connection) -> bool:
+            args = (f.job_id, f.epoch, f.token, event.execution_id, to, expected)
+            if db.execute(Q["set_waiting"], args).rowcount != 1:
+                return False
+            db.execute(
+                Q["insert_event"], (f.job_id, f.epoch, event.seq, event.execution_id, event.type, event.payload_json)
+            )
+            return True
+
+        ok = await self._run(lambda: self._tx(fn), "set_waiting")
+        self._events_local.set()
+        return ok
+
+    async def wait_for_control(self, timeout_s: float) -> frozenset[str] | None:
+        # SQLite has no NOTIFY: any commit by another connection may be a command. Polled at most every
+        # _CONTROL_POLL_S, so an owner costs a few cheap reads a second, not one per commit.
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self._control_local.is_set():
+                self._control_local.clear()
+                return None
+            version = await self._run(self._data_version, "poll")
+            if version != self._control_seen_version:
+                first = self._control_seen_version == -1
+                self._control_seen_version = version
+                if not first:
+                    return None
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return frozenset()
+            try:
+                await asyncio.wait_for(self._control_local.wait(), min(_CONTROL_POLL_S, left))
+            except TimeoutError:
+                pass
+
+    async def control_state(self, job_ids: Sequence[str]) -> tuple[frozenset[str], dict[str, int]]:
+        def fn(db: sqlite3.Connection) -> tuple[frozenset[str], dict[str, int]]:
+            rows = db.execute(Q["control_cancel"], (json.dumps(list(job_ids)),)).fetchall()
+            return frozenset(r[0] for r in rows if r[1]), {r[0]: int(r[2]) for r in rows if r[2]}
+
+        if not job_ids:
+            return frozenset(), {}
+        return await self._run(lambda: self._read(fn), "control_state")
+
+    async def wait_for_events(self, timeout_s: float) -> list[EventNotice]:
+        deadline = time.monotonic() + timeout_s
+        interval = _POLL_MIN_S
+        while True:
+            if self._events_local.is_set():
+                self._events_local.clear()
+                return [EventNotice(None)]
+            version = await self._run(self._data_version, "poll")
+            if version != self._events_seen_version:
+                self._events_seen_version = version
+                return [EventNotice(None)]
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return []
+            try:
+                await asyncio.wait_for(self._events_local.wait(), min(interval, left))
+            except TimeoutError:
+                pass
+            interval = min(interval * 2, _EVENTS_POLL_MAX_S)
 
     # -- leases -------------------------------------------------------------------------------------------------------
     async def acquire(self, key: str, holder: str, limit: int, ttl_s: float) -> bool:

@@ -1,0 +1,436 @@
+"""The ASGI gateway: jobs over HTTP, WebSocket and SSE. It never owns an execution.
+
+    POST /v1/jobs                 admit a job (Idempotency-Key header)     201 new, 200 replay
+    GET  /v1/jobs                 list (state, agent, limit, cursor)
+    GET  /v1/jobs/{id}            one job
+    POST /v1/jobs/{id}/cancel     requested | accepted | already_finished  (unknown → 404)
+    POST /v1/jobs/{id}/input      persisted, then delivered to the owner
+    POST /v1/jobs/{id}/approve    persisted, then delivered to the owner
+    GET  /v1/jobs/{id}/events     SSE (Last-Event-ID) or JSON history (?format=json&after=)
+    WS   /v1/ws                   submit, subscribe with a cursor, cancel, input, approve on one socket
+    GET  /v1/workers, /healthz, /readyz, /openapi.json
+
+Every request is scoped to the caller's tenant: another tenant's job is answered like a missing one (404).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route, WebSocketRoute
+from starlette.websockets import WebSocket
+
+from tenure.contracts.errors import IdempotencyConflict, TenureError
+from tenure.contracts.states import JobState
+from tenure.contracts.store import Store
+from tenure.contracts.types import AgentSpec, ControlOutcome, Enqueued, Job, JobFilter, dumps
+from tenure.control.admission import Admission, AdmissionLimits, JobRequest
+from tenure.control.gate import CircuitOpen, Gate, GateConfig, InFlight, QueueFull
+from tenure.gateway.auth import Auth, Principal
+from tenure.gateway.openapi import openapi_document
+from tenure.gateway.problems import Problem, from_error
+from tenure.gateway.requests import check_submit_body, int_param, parse_cursor_param, parse_job_id
+from tenure.gateway.streams import EventHub
+from tenure.gateway.ws import WsSession
+from tenure.observability.exposition import metrics_asgi_app
+
+log = logging.getLogger("tenure.gateway")
+
+MAX_LIST = 500
+MAX_WAIT_S = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayConfig:
+    """How one gateway process behaves."""
+
+    limits: AdmissionLimits = field(default_factory=AdmissionLimits)
+    gate: GateConfig = field(default_factory=GateConfig)
+    sse_idle_s: float = 5.0  # keep-alive comment, and the floor for a lost live notice
+    ws_queue: int = 1000  # frames queued for one socket before it is closed as a slow consumer
+    ws_max_subscriptions: int = 100
+
+    @property
+    def max_body_bytes(self) -> int:
+        """A request body may carry the largest admissible input plus the other fields."""
+        return self.limits.max_input_bytes + 64 * 1024
+
+
+def _job_view(job: Job) -> dict[str, Any]:
+    return job.to_dict()
+
+
+class _AsgiEndpoint:
+    """Starlette calls a Route's endpoint as an ASGI app when it is not a plain function or method."""
+
+    def __init__(self, app: Callable[..., Awaitable[None]]) -> None:
+        self._app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await self._app(scope, receive, send)
+
+
+class Gateway:
+    """The gateway's state (one per process) and its Starlette app (`.asgi`)."""
+
+    def __init__(
+        self,
+        store: Store,
+        agents: Mapping[str, AgentSpec],
+        auth: Auth | None = None,
+        config: GatewayConfig | None = None,
+        *,
+        on_start: Callable[[], Awaitable[None]] | None = None,
+        on_stop: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        self.store = store
+        self.config = config or GatewayConfig()
+        self.auth = auth or Auth.open()
+        self.admission = Admission(store, agents, self.config.limits)
+        self.gate = Gate(store, self.config.gate)
+        self.inflight = InFlight()
+        self.hub = EventHub(store, self.config.sse_idle_s)
+        self._on_start = on_start
+        self._on_stop = on_stop
+        routes = [
+            Route("/v1/jobs", self.submit, methods=["POST"]),
+            Route("/v1/jobs", self.list_jobs, methods=["GET"]),
+            Route("/v1/jobs/{job_id}", self.get_job, methods=["GET"]),
+            Route("/v1/jobs/{job_id}/cancel", self.cancel, methods=["POST"]),
+            Route("/v1/jobs/{job_id}/input", self.send_input, methods=["POST"]),
+            Route("/v1/jobs/{job_id}/approve", self.approve, methods=["POST"]),
+            Route("/v1/jobs/{job_id}/events", self.events, methods=["GET"]),
+            Route("/v1/workers", self.workers, methods=["GET"]),
+            Route("/healthz", self.healthz, methods=["GET"]),
+            Route("/readyz", self.readyz, methods=["GET"]),
+            Route("/openapi.json", self.openapi, methods=["GET"]),
+            WebSocketRoute("/v1/ws", self.websocket),
+            # Prometheus: this process, or every process of `tenure up` (PROMETHEUS_MULTIPROC_DIR). A Route
+            # (not a Mount, which answers the bare path with a redirect) whose endpoint is an ASGI object.
+            Route("/metrics", _AsgiEndpoint(metrics_asgi_app()), methods=["GET"]),
+        ]
+        self.asgi = Starlette(
+            routes=routes,
+            exception_handlers={
+                Problem: self._problem,
+                HTTPException: self._http_error,
+                TenureError: self._tenure_error,
+                Exception: self._crash,
+            },
+            lifespan=self._lifespan,
+        )
+
+    # -- lifecycle ---------------------------------------------------------------------------------------------------
+    @contextlib.asynccontextmanager
+    async def _lifespan(self, _app: Starlette) -> AsyncIterator[None]:
+        async with asyncio.TaskGroup() as tg:
+            hub = tg.create_task(self.hub.run(), name="event-hub")
+            if self._on_start is not None:
+                await self._on_start()
+            try:
+                yield
+            finally:
+                if self._on_stop is not None:
+                    await self._on_stop()
+                hub.cancel()
+
+    # -- errors ------------------------------------------------------------------------------------------------------
+    async def _problem(self, _request: Any, exc: Exception) -> Response:
+        assert isinstance(exc, Problem)
+        return exc.response()
+
+    async def _http_error(self, _request: Any, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        kind = {404: "not-found", 405: "method-not-allowed"}.get(exc.status_code, "http-error")
+        return Problem(exc.status_code, str(exc.detail), f"{exc.detail}", kind).response()
+
+    async def _tenure_error(self, _request: Any, exc: Exception) -> Response:
+        assert isinstance(exc, TenureError)
+        return from_error(exc).response()
+
+    async def _crash(self, _request: Any, exc: Exception) -> Response:
+        log.error("unhandled error in the gateway", exc_info=exc)
+        return Problem(
+            500, "Internal error", "the gateway failed on this request; it is logged", "internal"
+        ).response()
+
+    # -- helpers -----------------------------------------------------------------------------------------------------
+    def _principal(self, request: Request) -> Principal:
+        p = self.auth.authenticate(request.headers.get("authorization"))
+        if p is None:
+            prob = Problem(401, "Unauthorized", "send Authorization: Bearer <API key>", "unauthorized")
+            prob.headers["WWW-Authenticate"] = 'Bearer realm="tenure"'
+            raise prob
+        return p
+
+    async def _body(self, request: Request) -> Any:
+        limit = self.config.max_body_bytes
+        length = request.headers.get("content-length")
+        if length is not None and (not length.isdigit() or int(length) > limit):
+            raise Problem(413, "Body too large", f"the request body is over {limit} bytes", "body-too-large")
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise Problem(
+                    413, "Body too large", f"the request body is over {limit} bytes", "body-too-large"
+                )
+            chunks.append(chunk)
+        raw = b"".join(chunks)
+        if not raw.strip():
+            raise Problem(400, "Missing body", "this endpoint needs a JSON body", "bad-json")
+        try:
+            return json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise Problem(400, "Malformed JSON", f"the body is not valid JSON: {exc}", "bad-json") from None
+
+    async def load_job(self, job_id: str, who: Principal) -> Job:
+        job = await self.store.get_job(parse_job_id(job_id), who.tenant)
+        if job is None:
+            raise Problem(404, "Not found", f"no job {job_id}", "not-found")
+        return job
+
+    async def admit(self, req: JobRequest) -> Enqueued:
+        """Validate, check the caps and the circuit, and enqueue once per idempotency key."""
+        job = self.admission.build(req)
+
+        async def submit() -> Enqueued:
+            try:
+                await self.gate.check(job.tenant, job.agent)
+            except (QueueFull, CircuitOpen):
+                # A replay of a key answers its original job even while the caps or the circuit refuse
+                # new work: the job exists, nothing new is admitted.
+                if job.idem_digest is not None:
+                    found = await self.store.find_idempotent(job.tenant, job.idem_digest)
+                    if found is not None:
+                        if found[1] != job.request_fingerprint:
+                            raise IdempotencyConflict(
+                                "this idempotency key was already used for a different request",
+                                existing_job_id=found[0],
+                            ) from None
+                        return Enqueued(found[0], False)
+                raise
+            (out,) = await self.store.enqueue([job])
+            return out
+
+        if job.idem_digest is None:
+            return await submit()
+        return await self.inflight.run(job.idem_digest, job.request_fingerprint, submit)
+
+    async def control(self, who: Principal, job_id: str, kind: str, payload: Any) -> ControlOutcome:
+        jid = str(uuid.UUID(job_id)) if _is_uuid(job_id) else None
+        if jid is None:
+            return ControlOutcome.UNKNOWN
+        if kind == "cancel":
+            return await self.store.cancel(jid, who.tenant)
+        return await self.store.send_command(jid, who.tenant, kind, dumps(payload))
+
+    # -- HTTP --------------------------------------------------------------------------------------------------------
+    async def submit(self, request: Request) -> Response:
+        who = self._principal(request)
+        body = await self._body(request)
+        key = request.headers.get("idempotency-key")
+        res = await self.admit(check_submit_body(body, who.submit_tenant, key))
+        job = await self.store.get_job(res.job_id)
+        assert job is not None
+        headers = {"Location": f"/v1/jobs/{res.job_id}"}
+        return JSONResponse(_job_view(job), 201 if res.created else 200, headers=headers)
+
+    async def list_jobs(self, request: Request) -> Response:
+        who = self._principal(request)
+        q = request.query_params
+        state = None
+        if q.get("state"):
+            try:
+                state = JobState(q["state"])
+            except ValueError:
+                raise Problem(
+                    400, "Bad parameter", f"unknown state {q['state']!r}", "bad-parameter"
+                ) from None
+        cursor = q.get("cursor") or None
+        if cursor is not None and not _is_uuid(cursor):
+            raise Problem(
+                400, "Bad cursor", "cursor is the id of the last job of the previous page", "bad-cursor"
+            )
+        limit = int_param(request, "limit", 50, 1, MAX_LIST)
+        jobs = await self.store.list_jobs(JobFilter(who.tenant, state, q.get("agent") or None, cursor, limit))
+        nxt = jobs[-1].id if len(jobs) == limit else None
+        return JSONResponse({"jobs": [_job_view(j) for j in jobs], "next_cursor": nxt})
+
+    async def get_job(self, request: Request) -> Response:
+        who = self._principal(request)
+        return JSONResponse(_job_view(await self.load_job(request.path_params["job_id"], who)))
+
+    async def _control_response(self, request: Request, kind: str, payload: Any) -> Response:
+        who = self._principal(request)
+        job_id = request.path_params["job_id"]
+        wait_text = request.query_params.get("wait")
+        wait_s = _float(wait_text, "wait") if wait_text else 0.0  # checked before anything is written
+        outcome = await self.control(who, job_id, kind, payload)
+        if outcome is ControlOutcome.UNKNOWN:
+            raise Problem(404, "Not found", f"no job {job_id}", "not-found", outcome=outcome.value)
+        if kind != "cancel" and outcome is ControlOutcome.ALREADY_FINISHED:
+            raise Problem(
+                409,
+                "Job finished",
+                f"job {job_id} is finished; nothing was sent",
+                "already-finished",
+                outcome=outcome.value,
+            )
+        if kind == "cancel" and wait_s and outcome is ControlOutcome.REQUESTED:
+            outcome = await self._await_cancel(who, job_id, wait_s)
+        status = 202 if outcome is ControlOutcome.REQUESTED else 200
+        return JSONResponse(
+            {"job_id": parse_job_id(job_id), "command": kind, "outcome": outcome.value}, status
+        )
+
+    async def _await_cancel(self, who: Principal, job_id: str, wait_s: float) -> ControlOutcome:
+        deadline = asyncio.get_running_loop().time() + min(wait_s, MAX_WAIT_S)
+        while asyncio.get_running_loop().time() < deadline:
+            job = await self.load_job(job_id, who)
+            if job.state.terminal:
+                return (
+                    ControlOutcome.ACCEPTED
+                    if job.state is JobState.CANCELLED
+                    else ControlOutcome.ALREADY_FINISHED
+                )
+            await asyncio.sleep(0.05)
+        return ControlOutcome.REQUESTED
+
+    async def cancel(self, request: Request) -> Response:
+        return await self._control_response(request, "cancel", None)
+
+    async def send_input(self, request: Request) -> Response:
+        self._principal(request)
+        body = await self._body(request)
+        if not isinstance(body, dict) or set(body) != {"input"}:
+            raise Problem(422, "Invalid request", 'the body must be {"input": <any JSON>}', "invalid-request")
+        return await self._control_response(request, "input", body["input"])
+
+    async def approve(self, request: Request) -> Response:
+        self._principal(request)
+        body = await self._body(request) if request.headers.get("content-length", "0") != "0" else {}
+        payload = _approval(body)
+        return await self._control_response(request, "approve", payload)
+
+    async def events(self, request: Request) -> Response:
+        who = self._principal(request)
+        job = await self.load_job(request.path_params["job_id"], who)
+        q = request.query_params
+        after_text = q.get("after")
+        after = parse_cursor_param(after_text, "after") if after_text else None
+        if q.get("format") == "json":
+            limit = int_param(request, "limit", 1000, 1, 10000)
+            events = await self.store.read_events(job.id, after, limit)
+            nxt = events[-1].cursor if events else (after_text or None)
+            return JSONResponse(
+                {
+                    "job_id": job.id,
+                    "events": [e.to_dict() for e in events],
+                    "next": nxt,
+                    "state": job.state.value,
+                }
+            )
+        if q.get("format") not in (None, "sse"):
+            raise Problem(400, "Bad parameter", "format is json or sse", "bad-parameter")
+        last_id = request.headers.get("last-event-id")
+        if last_id:
+            after = parse_cursor_param(last_id.strip(), "Last-Event-ID")
+        sub = self.hub.subscribe(job.id, after)
+
+        async def stream() -> AsyncIterator[str]:
+            yield ": stream of job " + job.id + "\n\n"
+            async for batch in sub.batches():
+                if not batch:
+                    yield ": keep-alive\n\n"
+                    continue
+                yield "".join(
+                    f"id: {e.cursor}\nevent: {e.type}\ndata: {dumps(e.to_dict())}\n\n" for e in batch
+                )
+
+        return StreamingResponse(
+            stream(),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+
+    async def workers(self, request: Request) -> Response:
+        who = self._principal(request)
+        out = []
+        for w in await self.store.list_workers():
+            d = w.to_dict()
+            if not who.is_admin:
+                d["jobs_held"] = len(w.jobs_held)  # job ids of every tenant are the admin's to see
+            out.append(d)
+        return JSONResponse({"workers": out})
+
+    async def healthz(self, _request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def readyz(self, _request: Request) -> Response:
+        try:
+            await asyncio.wait_for(self.store.server_time(), 2.0)
+        except (TenureError, TimeoutError) as exc:
+            raise Problem(503, "Not ready", f"the store does not answer: {exc}", "not-ready") from None
+        return JSONResponse({"status": "ready", "subscribers": self.hub.subscribers})
+
+    async def openapi(self, _request: Request) -> Response:
+        return JSONResponse(openapi_document(sorted(self.admission.agents)))
+
+    # -- WebSocket ---------------------------------------------------------------------------------------------------
+    async def websocket(self, ws: WebSocket) -> None:
+        token = ws.query_params.get("access_token")
+        header = ws.headers.get("authorization") or (f"Bearer {token}" if token else None)
+        who = self.auth.authenticate(header)
+        if who is None:
+            await ws.close(code=1008, reason="unauthorized")  # before accept: the upgrade is refused (403)
+            return
+        await ws.accept()
+        await WsSession(self, ws, who).run()
+
+
+def _is_uuid(text: str) -> bool:
+    try:
+        uuid.UUID(text)
+    except (ValueError, AttributeError, TypeError):
+        return False
+    return True
+
+
+def _float(text: str, name: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise Problem(400, "Bad parameter", f"{name} must be a number of seconds", "bad-parameter") from None
+    if not 0 <= value <= MAX_WAIT_S:
+        raise Problem(400, "Bad parameter", f"{name} must be from 0 to {MAX_WAIT_S:g}", "bad-parameter")
+    return value
+
+
+def _approval(body: Any) -> dict[str, Any]:
+    if not isinstance(body, dict) or set(body) - {"approved", "comment"}:
+        raise Problem(
+            422,
+            "Invalid request",
+            'the body is {"approved": bool, "comment": str} (both optional)',
+            "invalid-request",
+        )
+    approved = body.get("approved", True)
+    comment = body.get("comment")
+    if not isinstance(approved, bool) or (comment is not None and not isinstance(comment, str)):
+        raise Problem(422, "Invalid request", "approved is a boolean and comment a string", "invalid-request")
+    return {"approved": approved, "comment": comment}
+
+
+__all__ = ["Gateway", "GatewayConfig", "check_submit_body"]

@@ -1,0 +1,83 @@
+"""JSON problem bodies (RFC 9457): every error the HTTP API returns is `{type, title, status, detail}`,
+never a stack trace."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.responses import JSONResponse
+
+from tenure.contracts.errors import (
+    IdempotencyConflict,
+    InputTooLarge,
+    InvalidRequest,
+    NotFound,
+    StoreUnavailable,
+    TenureError,
+    UnknownAgent,
+)
+from tenure.control.gate import CircuitOpen, QueueFull
+
+TYPE_BASE = "https://tenure.dev/problems/"
+
+
+class Problem(Exception):
+    """Raise anywhere in a handler to answer with this problem."""
+
+    def __init__(self, status: int, title: str, detail: str, kind: str, **extra: Any) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.title = title
+        self.detail = detail
+        self.kind = kind
+        self.extra = extra
+        self.headers: dict[str, str] = {}
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "type": TYPE_BASE + self.kind,
+            "title": self.title,
+            "status": self.status,
+            "detail": self.detail,
+            **self.extra,
+        }
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(
+            self.body(), self.status, headers=self.headers, media_type="application/problem+json"
+        )
+
+
+def from_error(exc: TenureError) -> Problem:
+    """The problem for one of Tenure's own errors."""
+    if isinstance(exc, IdempotencyConflict):
+        return Problem(
+            409,
+            "Idempotency key reused",
+            str(exc),
+            "idempotency-conflict",
+            existing_job_id=exc.existing_job_id,
+        )
+    if isinstance(exc, UnknownAgent):
+        return Problem(422, "Unknown agent", str(exc), "unknown-agent")
+    if isinstance(exc, InputTooLarge):
+        return Problem(413, "Input too large", str(exc), "input-too-large")
+    if isinstance(exc, InvalidRequest):
+        return Problem(422, "Invalid request", str(exc), "invalid-request")
+    if isinstance(exc, NotFound):
+        return Problem(404, "Not found", str(exc), "not-found")
+    if isinstance(exc, QueueFull):
+        p = Problem(429, "Too many queued jobs", str(exc), "queue-full")
+        p.headers["Retry-After"] = str(exc.retry_after_s)
+        return p
+    if isinstance(exc, CircuitOpen):
+        p = Problem(503, "Circuit open", str(exc), "circuit-open")
+        p.headers["Retry-After"] = str(exc.retry_after_s)
+        return p
+    if isinstance(exc, StoreUnavailable):
+        p = Problem(
+            503, "Store unavailable", "the job store did not answer; retry shortly", "store-unavailable"
+        )
+        p.headers["Retry-After"] = "1"
+        return p
+    return Problem(500, "Internal error", f"{exc.code}: {exc}", "internal")

@@ -1,0 +1,213 @@
+"""One WebSocket session: submit, subscribe with a cursor, cancel, input and approve on one socket.
+
+Client frames are JSON objects with an `op` and an optional `ref` echoed in the answer:
+
+    {"op": "submit", "ref": 1, "agent": "echo", "input": {...}, "idempotency_key": "k", "subscribe": true}
+    {"op": "subscribe", "job_id": "...", "after": "1-42"}        {"op": "unsubscribe", "job_id": "..."}
+    {"op": "cancel" | "input" | "approve", "job_id": "...", ...}  {"op": "ping"}
+
+Server frames: `submitted`, `subscribed`, `event` (the event envelope), `end` (after the terminal event),
+`cancel` / `input` / `approve` (with the outcome), `pong`, and `error` ({status, type, title, detail}) for a
+request the gateway refuses; the socket stays open. Close codes: 1003 for a binary frame, 1008 for a client
+that does not read (its queue of frames is full), 1009 for a frame over the size limit (the server's).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from typing import TYPE_CHECKING, Any
+
+from starlette.websockets import WebSocket
+
+from tenure.contracts.errors import InvalidRequest, TenureError
+from tenure.contracts.types import ControlOutcome, dumps
+from tenure.gateway.auth import Principal
+from tenure.gateway.problems import Problem, from_error
+from tenure.gateway.requests import check_submit_body, parse_cursor_param
+
+if TYPE_CHECKING:
+    from tenure.gateway.app import Gateway
+
+log = logging.getLogger("tenure.gateway.ws")
+
+
+class SlowConsumer(Exception):
+    """The client does not read its frames fast enough."""
+
+
+class WsSession:
+    """The state of one socket: its outgoing queue and its subscriptions."""
+
+    def __init__(self, gateway: Gateway, ws: WebSocket, who: Principal) -> None:
+        self.gw = gateway
+        self.ws = ws
+        self.who = who
+        self.out: asyncio.Queue[str] = asyncio.Queue(gateway.config.ws_queue)
+        self.subs: dict[str, asyncio.Task[None]] = {}
+        self.done = asyncio.Event()
+        self.close_code: int | None = None
+        self.close_reason = ""
+        self._tg: asyncio.TaskGroup | None = None
+
+    def send(self, frame: dict[str, Any]) -> None:
+        try:
+            self.out.put_nowait(dumps(frame))
+        except asyncio.QueueFull:
+            if not self.done.is_set():
+                log.warning(
+                    "closing a websocket (%s): slow consumer, %d frames unread",
+                    self.who.tenant,
+                    self.out.qsize(),
+                )
+            self.finish(1008, "slow consumer: the client is not reading its frames")
+
+    def finish(self, code: int | None = None, reason: str = "") -> None:
+        if code is not None and self.close_code is None:
+            self.close_code, self.close_reason = code, reason
+        self.done.set()
+
+    async def run(self) -> None:
+        async with asyncio.TaskGroup() as tg:
+            self._tg = tg
+            sender = tg.create_task(self._send_loop(), name="ws-send")
+            receiver = tg.create_task(self._receive_loop(), name="ws-receive")
+            await self.done.wait()
+            for t in (sender, receiver, *self.subs.values()):
+                t.cancel()
+        if self.close_code is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.ws.close(self.close_code, self.close_reason), 1.0)
+
+    async def _send_loop(self) -> None:
+        try:
+            while True:
+                await self.ws.send_text(await self.out.get())
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # the connection went away while sending
+            self.finish()
+
+    async def _receive_loop(self) -> None:
+        try:
+            while True:
+                msg = await self.ws.receive()
+                if msg["type"] == "websocket.disconnect":
+                    break
+                if msg.get("text") is None:
+                    self.finish(1003, "frames are JSON text")
+                    return
+                await self._handle(msg["text"])
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.debug("websocket receive ended: %s", exc)
+        self.finish()
+
+    def _error(self, ref: Any, problem: Problem) -> None:
+        self.send({"op": "error", "ref": ref, **problem.body()})
+
+    async def _handle(self, text: str) -> None:
+        try:
+            frame = json.loads(text)
+        except ValueError as exc:
+            self._error(
+                None, Problem(400, "Malformed JSON", f"the frame is not valid JSON: {exc}", "bad-json")
+            )
+            return
+        ref = frame.get("ref") if isinstance(frame, dict) else None
+        try:
+            if not isinstance(frame, dict) or not isinstance(frame.get("op"), str):
+                raise Problem(400, "Bad frame", 'a frame is a JSON object with an "op"', "bad-frame")
+            await self._dispatch(frame["op"], frame, ref)
+        except Problem as p:
+            self._error(ref, p)
+        except TenureError as exc:
+            self._error(ref, from_error(exc))
+
+    async def _dispatch(self, op: str, frame: dict[str, Any], ref: Any) -> None:
+        if op == "ping":
+            self.send({"op": "pong", "ref": ref})
+        elif op == "submit":
+            await self._submit(frame, ref)
+        elif op == "subscribe":
+            self._subscribe(await self._job(frame), frame.get("after"), ref)
+        elif op == "unsubscribe":
+            job_id = frame.get("job_id")
+            task = self.subs.pop(job_id, None) if isinstance(job_id, str) else None
+            if task is not None:
+                task.cancel()
+            self.send({"op": "unsubscribed", "ref": ref, "job_id": job_id})
+        elif op in ("cancel", "input", "approve"):
+            job_id = frame.get("job_id")
+            if not isinstance(job_id, str):
+                raise Problem(400, "Bad frame", "job_id is required", "bad-frame")
+            payload: Any = None
+            if op == "input":
+                if "input" not in frame:
+                    raise Problem(400, "Bad frame", "input is required", "bad-frame")
+                payload = frame["input"]
+            elif op == "approve":
+                approved = frame.get("approved", True)
+                if not isinstance(approved, bool):
+                    raise Problem(400, "Bad frame", "approved is a boolean", "bad-frame")
+                payload = {"approved": approved, "comment": frame.get("comment")}
+            outcome = await self.gw.control(self.who, job_id, op, payload)
+            if outcome is ControlOutcome.UNKNOWN:
+                raise Problem(404, "Not found", f"no job {job_id}", "not-found", outcome=outcome.value)
+            self.send({"op": op, "ref": ref, "job_id": job_id, "outcome": outcome.value})
+        else:
+            raise Problem(400, "Unknown op", f"unknown op {op!r}", "bad-frame")
+
+    async def _job(self, frame: dict[str, Any]) -> str:
+        job_id = frame.get("job_id")
+        if not isinstance(job_id, str):
+            raise Problem(400, "Bad frame", "job_id is required", "bad-frame")
+        job = await self.gw.load_job(job_id, self.who)
+        return job.id
+
+    async def _submit(self, frame: dict[str, Any], ref: Any) -> None:
+        body = {k: v for k, v in frame.items() if k not in ("op", "ref", "idempotency_key", "subscribe")}
+        key = frame.get("idempotency_key")
+        if key is not None and not isinstance(key, str):
+            raise InvalidRequest("idempotency_key must be a string")
+        res = await self.gw.admit(check_submit_body(body, self.who.submit_tenant, key))
+        job = await self.gw.store.get_job(res.job_id)
+        assert job is not None
+        self.send({"op": "submitted", "ref": ref, "created": res.created, "job": job.to_dict()})
+        if frame.get("subscribe"):
+            self._subscribe(job.id, None, ref)
+
+    def _subscribe(self, job_id: str, after: Any, ref: Any) -> None:
+        cursor = None
+        if after is not None:
+            if not isinstance(after, str):
+                raise Problem(400, "Bad cursor", "after is a cursor EPOCH-SEQ", "bad-cursor")
+            cursor = parse_cursor_param(after, "after")
+        if job_id in self.subs:
+            self.subs.pop(job_id).cancel()
+        if len(self.subs) >= self.gw.config.ws_max_subscriptions:
+            raise Problem(
+                429, "Too many subscriptions", "unsubscribe from a job first", "too-many-subscriptions"
+            )
+        assert self._tg is not None
+        sub = self.gw.hub.subscribe(job_id, cursor)
+        self.send({"op": "subscribed", "ref": ref, "job_id": job_id})
+
+        async def pump() -> None:
+            async for batch in sub.batches():
+                for e in batch:
+                    self.send({"op": "event", "job_id": job_id, "event": e.to_dict()})
+            self.send(
+                {
+                    "op": "end",
+                    "job_id": job_id,
+                    "cursor": None if sub.cursor is None else f"{sub.cursor[0]}-{sub.cursor[1]}",
+                }
+            )
+            if self.subs.get(job_id) is asyncio.current_task():
+                del self.subs[job_id]
+
+        self.subs[job_id] = self._tg.create_task(pump(), name=f"ws-sub-{job_id}")
