@@ -12,6 +12,7 @@ import json
 import os
 import threading
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -43,6 +44,15 @@ def new_id() -> str:
     value = (ms & ((1 << 48) - 1)) << 80 | (0x7 << 76) | counter << 64 | (0b10 << 62) | rand
     h = f"{value:032x}"
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+def is_uuid(text: str) -> bool:
+    """Whether `text` is a UUID in any of its usual spellings (job and execution ids are)."""
+    try:
+        uuid.UUID(text)
+    except (ValueError, AttributeError, TypeError):
+        return False
+    return True
 
 
 def new_token() -> int:

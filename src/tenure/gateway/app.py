@@ -34,7 +34,7 @@ from starlette.websockets import WebSocket
 from tenure.contracts.errors import IdempotencyConflict, TenureError
 from tenure.contracts.states import JobState
 from tenure.contracts.store import Store
-from tenure.contracts.types import AgentSpec, ControlOutcome, Enqueued, Job, JobFilter, dumps
+from tenure.contracts.types import AgentSpec, ControlOutcome, Enqueued, Job, JobFilter, dumps, is_uuid
 from tenure.control.admission import Admission, AdmissionLimits, JobRequest
 from tenure.control.gate import CircuitOpen, Gate, GateConfig, InFlight, QueueFull
 from tenure.gateway.auth import Auth, Principal
@@ -229,7 +229,7 @@ class Gateway:
         return await self.inflight.run(job.idem_digest, job.request_fingerprint, submit)
 
     async def control(self, who: Principal, job_id: str, kind: str, payload: Any) -> ControlOutcome:
-        jid = str(uuid.UUID(job_id)) if _is_uuid(job_id) else None
+        jid = str(uuid.UUID(job_id)) if is_uuid(job_id) else None
         if jid is None:
             return ControlOutcome.UNKNOWN
         if kind == "cancel":
@@ -259,7 +259,7 @@ class Gateway:
                     400, "Bad parameter", f"unknown state {q['state']!r}", "bad-parameter"
                 ) from None
         cursor = q.get("cursor") or None
-        if cursor is not None and not _is_uuid(cursor):
+        if cursor is not None and not is_uuid(cursor):
             raise Problem(
                 400, "Bad cursor", "cursor is the id of the last job of the previous page", "bad-cursor"
             )
@@ -399,13 +399,6 @@ class Gateway:
         await ws.accept()
         await WsSession(self, ws, who).run()
 
-
-def _is_uuid(text: str) -> bool:
-    try:
-        uuid.UUID(text)
-    except (ValueError, AttributeError, TypeError):
-        return False
-    return True
 
 
 def _float(text: str, name: str) -> float:

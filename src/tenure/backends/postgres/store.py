@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import uuid
 from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import Any
 
@@ -49,6 +48,7 @@ from tenure.contracts.types import (
     Started,
     SweepReport,
     WorkerInfo,
+    is_uuid,
     new_token,
 )
 
@@ -116,13 +116,6 @@ def _job(row: asyncpg.Record) -> Job:
         finished_at=row["finished_at"],
     )
 
-
-def _is_uuid(text: str) -> bool:
-    try:
-        uuid.UUID(text)
-    except (ValueError, AttributeError, TypeError):
-        return False
-    return True
 
 
 def _fence_arrays(fences: Iterable[Fence]) -> tuple[list[str], list[int], list[int]]:
@@ -275,7 +268,7 @@ class PostgresStore:
         return out
 
     async def get_job(self, job_id: str, tenant: str | None = None) -> Job | None:
-        if not _is_uuid(job_id):
+        if not is_uuid(job_id):
             return None
         async with self._conn("get_job") as conn:
             row = await conn.fetchrow(Q["get_job"], job_id, tenant)
@@ -422,7 +415,7 @@ class PostgresStore:
     async def read_events_many(
         self, cursors: Sequence[tuple[str, tuple[int, int] | None]], limit: int
     ) -> list[Event]:
-        valid = [(j, c if c is not None else (-1, -1)) for j, c in cursors if _is_uuid(j)]
+        valid = [(j, c if c is not None else (-1, -1)) for j, c in cursors if is_uuid(j)]
         if not valid:
             return []
         async with self._conn("read_events_many") as conn:
@@ -530,7 +523,7 @@ class PostgresStore:
         return CircuitState(int(count), open_for)
 
     async def cancel(self, job_id: str, tenant: str | None = None) -> ControlOutcome:
-        if not _is_uuid(job_id):
+        if not is_uuid(job_id):
             return ControlOutcome.UNKNOWN
         async with self._conn("cancel") as conn, conn.transaction():
             outcome = await conn.fetchval(Q["cancel_job"], job_id, tenant)
@@ -541,7 +534,7 @@ class PostgresStore:
         return ControlOutcome.UNKNOWN if outcome is None else ControlOutcome(outcome)
 
     async def send_command(self, job_id: str, tenant: str | None, kind: str, payload_json: str) -> ControlOutcome:
-        if not _is_uuid(job_id):
+        if not is_uuid(job_id):
             return ControlOutcome.UNKNOWN
         async with self._conn("send_command") as conn, conn.transaction():
             state = await conn.fetchval(Q["job_state"], job_id, tenant)
@@ -638,7 +631,7 @@ class PostgresStore:
         return None if jobs is None else frozenset(jobs)
 
     async def control_state(self, job_ids: Sequence[str]) -> tuple[frozenset[str], dict[str, int]]:
-        ids = [j for j in job_ids if _is_uuid(j)]
+        ids = [j for j in job_ids if is_uuid(j)]
         if not ids:
             return frozenset(), {}
         async with self._conn("control_state") as conn:
