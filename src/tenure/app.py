@@ -17,14 +17,17 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from tenure.backends.postgres import PostgresStore
+from tenure.backends.redis import RedisChannel, RedisLeases
 from tenure.backends.sqlite import SqliteStore
 from tenure.contracts.errors import ConfigError, NotFound
-from tenure.contracts.store import Store
+from tenure.contracts.channel import Channel
+from tenure.contracts.store import Leases, Store
 from tenure.contracts.types import Event, Job, JobFilter, WorkerInfo, parse_cursor
 from tenure.contracts.states import JobState
 from tenure.control.admission import Admission, AdmissionLimits, JobRequest
+from tenure.control.quotas import QuotaManager
 from tenure.kernel.registry import Tenure
-from tenure.settings import Settings
+from tenure.settings import Settings, load_quota_file
 
 
 def load_app(spec: str) -> Tenure:
@@ -145,3 +148,27 @@ async def connect(
         yield LocalClient(store, Admission(store, app.specs(), limits))
     finally:
         await store.close()
+
+
+# -- global quotas ----------------------------------------------------------------------------------------------------
+@asynccontextmanager
+async def open_quotas(settings: Settings, store: Store, ttl_s: float) -> AsyncIterator[QuotaManager]:
+    """The quota manager of one worker process: limits from tenure.toml (working directory) overridden by
+    TENURE_QUOTAS; leases on Redis when `TENURE_REDIS_URL` is set (with pub/sub wake-ups), else on the store's
+    `leases` table (waiters then poll)."""
+    specs = dict(await asyncio.to_thread(load_quota_file, "tenure.toml"))
+    specs.update(settings.quotas)
+    if settings.redis_url:
+        leases: Leases = RedisLeases(settings.redis_url)
+        channel: Channel | None = RedisChannel(settings.redis_url)
+    elif isinstance(store, Leases):
+        leases, channel = store, None
+    else:
+        raise ConfigError("quotas need a lease backend: set TENURE_REDIS_URL or use a SQL store")
+    try:
+        yield QuotaManager(leases, specs, ttl_s=ttl_s, channel=channel, poll_s=0.25 if channel is None else 1.0)
+    finally:
+        if channel is not None:
+            await channel.close()
+        if isinstance(leases, RedisLeases):
+            await leases.close()

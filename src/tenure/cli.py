@@ -13,7 +13,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from tenure.app import LocalClient, connect, load_app, open_store
+from tenure.app import LocalClient, connect, load_app, open_quotas, open_store
 from tenure.contracts.errors import ConfigError, InvalidRequest, TenureError
 from tenure.contracts.states import JobState
 from tenure.contracts.types import Job
@@ -129,7 +129,8 @@ async def cmd_worker(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal, sig)
     try:
-        await Worker(store, app, config, faults=faults).run(stop)
+        async with open_quotas(settings, store, config.claim_ttl_s) as quotas:
+            await Worker(store, app, config, faults=faults, quotas=quotas).run(stop)
     finally:
         await store.close()
     return 0

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tenure.contracts.errors import ConfigError
+from tenure.contracts.quotas import QuotaSpec, parse_quotas, quotas_from_table
 
 
 def _pos_float(name: str, text: str) -> float:
@@ -82,6 +83,8 @@ class Settings:
     redis_url: str | None = None
     model_url: str = "http://127.0.0.1:8001/v1"
     extra: Mapping[str, str] = field(default_factory=dict)
+    # Global quotas (docs/quotas.md): TENURE_QUOTAS='llm:gpt-4o=8,llm:mock=8/fail-open', over tenure.toml.
+    quotas: Mapping[str, QuotaSpec] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.claim_ttl_s < 3 * self.heartbeat_s:
@@ -138,6 +141,28 @@ _PARSERS: dict[str, Any] = {
     "faults": _optional,
     "redis_url": _optional,
     "model_url": _text,
+    "quotas": lambda name, text: parse_quotas(text, name),
 }
-# Variables owned by layers that parse them themselves (gateway keys, quotas); known, so not an error.
-_OTHER_LAYERS = frozenset({"api_keys", "api_keys_file", "admin_key", "quotas", "metrics_port"})
+# Variables owned by layers that parse them themselves (gateway keys); known, so not an error.
+_OTHER_LAYERS = frozenset({"api_keys", "api_keys_file", "admin_key", "metrics_port"})
+
+
+def load_quota_file(path: str = "tenure.toml") -> dict[str, QuotaSpec]:
+    """The `[quotas]` table of a tenure.toml file (`{}` when the file does not exist). Blocking file I/O:
+    call it before the event loop starts, or through `asyncio.to_thread`."""
+    import tomllib
+
+    try:
+        with open(path, "rb") as f:
+            document = tomllib.load(f)
+    except FileNotFoundError:
+        return {}
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"{path}: {exc}") from exc
+    unknown = set(document) - {"quotas"}
+    if unknown:
+        raise ConfigError(f"{path}: unknown sections {sorted(unknown)} (known: quotas)")
+    table = document.get("quotas", {})
+    if not isinstance(table, dict):
+        raise ConfigError(f"{path}: [quotas] must be a table")
+    return quotas_from_table(table, f"{path} [quotas]")

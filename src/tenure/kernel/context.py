@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol, TypeVar
 
 from tenure.contracts.types import dumps
@@ -41,6 +42,19 @@ class ExecutionPort(Protocol):
 
     def record_usage(self, counts: dict[str, float]) -> None:
         """Add token / cost counters to this execution's usage record."""
+        ...
+
+    # -- global quotas (docs/quotas.md) -----------------------------------------------------------------------------
+    def quota(self, key: str, wait: bool, timeout_s: float | None) -> AbstractAsyncContextManager[object]:
+        """One slot of the named global quota `key` for the duration of an `async with` block."""
+        ...
+
+    async def pause_quotas(self) -> None:
+        """Release every quota lease of this execution while it waits (approval, input)."""
+        ...
+
+    async def resume_quotas(self) -> None:
+        """Take back the released quota slots before the execution continues."""
         ...
 
 
@@ -101,3 +115,19 @@ class Context:
     def usage(self, **counts: float) -> None:
         """Record usage (e.g. input_tokens=812, output_tokens=95, cost_usd=0.01) on this execution."""
         self._port.record_usage(counts)
+
+    # -- global quotas (docs/quotas.md) -----------------------------------------------------------------------------
+    def quota(
+        self, key: str, *, wait: bool = True, timeout_s: float | None = None
+    ) -> AbstractAsyncContextManager[object]:
+        """Hold one slot of the global quota `key` (configured in TENURE_QUOTAS or tenure.toml) for a block:
+
+            async with ctx.quota("llm:gpt-4o"):
+                ...  # call the model
+
+        `wait=False` raises `QuotaExhausted` at once when every slot is held; `wait=True` waits in a FIFO line
+        shared by all workers, up to `timeout_s` (None: no limit). If the lease is lost (not renewed in time),
+        the block is cancelled and raises `LeaseLost`: the upstream call must not continue on it. When the
+        lease backend is down, a fail-closed key raises `QuotaUnavailable`; a fail-open key runs unleased.
+        """
+        return self._port.quota(key, wait, timeout_s)

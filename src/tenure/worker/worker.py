@@ -21,10 +21,12 @@ import os
 import socket
 import time
 from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from tenure.contracts.errors import (
+    ConfigError,
     JobCancelled,
     OwnershipLost,
     PermanentError,
@@ -44,6 +46,7 @@ from tenure.contracts.types import (
     dumps,
     new_id,
 )
+from tenure.control.quotas import ExecutionQuotas, QuotaManager
 from tenure.control.retry import backoff_s
 from tenure.kernel.blocking import BlockingAdapter, ProcessAdapter
 from tenure.kernel.context import Context
@@ -157,6 +160,7 @@ class _Execution:
     __slots__ = (
         "agent", "attempt", "cancel_requested", "claim", "execution_id", "fence", "lost", "seq", "started_at",
         "task", "unwritten", "usage", "worker",
+        "quotas",
     )
 
     def __init__(self, worker: Worker, claim: Claim, started: Started, agent: Agent) -> None:
@@ -173,6 +177,9 @@ class _Execution:
         self.unwritten = 0
         self.usage: dict[str, float] = {}
         self.task: asyncio.Task[None] | None = None
+        self.quotas: ExecutionQuotas | None = (
+            worker.quotas.for_execution(self.execution_id) if worker.quotas is not None else None
+        )
 
     # -- ExecutionPort -------------------------------------------------------------------------------------------
     def check(self) -> None:
@@ -206,6 +213,19 @@ class _Execution:
         for k, v in counts.items():
             self.usage[k] = self.usage.get(k, 0) + v
 
+    def quota(self, key: str, wait: bool, timeout_s: float | None) -> AbstractAsyncContextManager[object]:
+        if self.quotas is None:
+            raise ConfigError(f"quota {key!r} requested, but this worker has no quota backend")
+        return self.quotas.quota(key, wait=wait, timeout_s=timeout_s)
+
+    async def pause_quotas(self) -> None:
+        if self.quotas is not None:
+            await self.quotas.pause()
+
+    async def resume_quotas(self) -> None:
+        if self.quotas is not None:
+            await self.quotas.resume()
+
 
 class Worker:
     """One worker incarnation. `await Worker(store, app, config).run(stop_event)`."""
@@ -219,12 +239,19 @@ class Worker:
         leases: Leases | None = None,
         faults: Faults | None = None,
         worker_id: str | None = None,
+        quotas: QuotaManager | None = None,
     ) -> None:
         self.store = store
         self.app = app
         self.config = config or WorkerConfig()
         self.leases: Leases | None = leases
         self.faults = faults or Faults()
+        # Global quotas (control/quotas.py): renewed by the heartbeat, one round trip per lease backend. Without
+        # a configured manager, quotas live on the store's leases table and no key is configured.
+        store_leases = _store_leases(store)
+        self.quotas: QuotaManager | None = quotas or (
+            QuotaManager(store_leases, {}, ttl_s=self.config.claim_ttl_s) if store_leases is not None else None
+        )
         self.host = socket.gethostname()
         self.id = worker_id or f"{self.host}:{os.getpid()}:{new_id()[-8:]}"
         self.agents = sorted(app.agents)
@@ -261,6 +288,7 @@ class Worker:
             writer = loops.create_task(self._writer.run(), name="writer")
             heartbeat = loops.create_task(self._heartbeat_loop(), name="heartbeat")
             sweeper = loops.create_task(self._sweeper_loop(), name="sweeper")
+            quota_wakeups = loops.create_task(self._quota_wakeups(), name="quota-wakeups")
             async with asyncio.TaskGroup() as executions:
                 self._executions = executions
                 claimer = executions.create_task(self._claim_loop(), name="claim-loop")
@@ -268,6 +296,7 @@ class Worker:
                 await self._drain(claimer)
             self._executions = None
             sweeper.cancel()
+            quota_wakeups.cancel()
             await self._writer.close()
             await writer
             heartbeat.cancel()
@@ -406,6 +435,9 @@ class Worker:
             if slot_held:
                 self._free_slot()
             self._running.pop(claim.fence.job_id, None)
+            if ex.quotas is not None and ex.quotas.blocks:
+                with contextlib.suppress(Exception):
+                    await ex.quotas.release_all()
 
     def _finish(
         self, ex: _Execution, state: JobState, *, result_json: str | None = None, error_code: str | None = None,
@@ -464,7 +496,16 @@ class Worker:
         cfg = self.config
         while True:
             await asyncio.sleep(cfg.heartbeat_s)
-            await self.heartbeat_once()
+            await asyncio.gather(self.heartbeat_once(), self.renew_quotas())
+
+    async def renew_quotas(self) -> None:
+        """Renew every quota lease of this process in one round trip; a lost one cancels its holding block."""
+        if self.quotas is not None:
+            await self.quotas.renew()
+
+    async def _quota_wakeups(self) -> None:
+        if self.quotas is not None:
+            await self.quotas.run()
 
     async def heartbeat_once(self) -> None:
         """One heartbeat round trip: renew every held claim, learn of losses and cancel requests."""
