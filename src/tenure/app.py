@@ -159,8 +159,8 @@ async def open_quotas(settings: Settings, store: Store, ttl_s: float) -> AsyncIt
     specs = dict(await asyncio.to_thread(load_quota_file, "tenure.toml"))
     specs.update(settings.quotas)
     if settings.redis_url:
-        leases: Leases = RedisLeases(settings.redis_url)
-        channel: Channel | None = RedisChannel(settings.redis_url)
+        leases: Leases = RedisLeases(settings.redis_url, prefix=settings.redis_prefix + "lease:")
+        channel: Channel | None = RedisChannel(settings.redis_url, prefix=settings.redis_prefix + "chan:")
     elif isinstance(store, Leases):
         leases, channel = store, None
     else:

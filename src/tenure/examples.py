@@ -122,12 +122,13 @@ async def _model_client(ctx: Context) -> Any:
     return client
 
 
-@app.agent("chat", timeout=300, max_attempts=5)
+@app.agent("chat", timeout=300, max_attempts=5, retry_safe=True)
 async def chat(ctx: Context, input: Any) -> dict[str, Any]:
     """Stream a chat completion from the OpenAI-compatible model at `TENURE_MODEL_URL` (default the mock model
     on port 8001) while holding one slot of the global quota `llm:mock`, emitting each token as a
     `message.delta` event. The quota keeps the fleet's requests in flight under the model's own limit, so it
-    never answers 429; if it does anyway, the attempt fails and is retried."""
+    never answers 429; if it does anyway, the attempt fails and is retried. Retry-safe: a model call has no
+    side effect, so an attempt lost with its worker is simply run again."""
     base = os.environ.get("TENURE_MODEL_URL", DEFAULT_MODEL_URL).rstrip("/")
     body = {
         "model": str(_arg(input, "model", "mock")),

@@ -85,6 +85,9 @@ class Settings:
     extra: Mapping[str, str] = field(default_factory=dict)
     # Global quotas (docs/quotas.md): TENURE_QUOTAS='llm:gpt-4o=8,llm:mock=8/fail-open', over tenure.toml.
     quotas: Mapping[str, QuotaSpec] = field(default_factory=dict)
+    # Every Redis key and channel of this deployment starts with this prefix (two deployments, or test runs,
+    # can share one Redis server).
+    redis_prefix: str = "tenure:"
 
     def __post_init__(self) -> None:
         if self.claim_ttl_s < 3 * self.heartbeat_s:
@@ -142,6 +145,7 @@ _PARSERS: dict[str, Any] = {
     "redis_url": _optional,
     "model_url": _text,
     "quotas": lambda name, text: parse_quotas(text, name),
+    "redis_prefix": _text,
 }
 # Variables owned by layers that parse them themselves (gateway keys); known, so not an error.
 _OTHER_LAYERS = frozenset({"api_keys", "api_keys_file", "admin_key", "metrics_port"})
