@@ -17,7 +17,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from tenure.backends.postgres import PostgresStore
-from tenure.backends.redis import RedisChannel, RedisLeases
+from tenure.backends.redis import RedisChannel, RedisLeases, RedisReadyIndex
 from tenure.backends.sqlite import SqliteStore
 from tenure.contracts.errors import ConfigError, NotFound
 from tenure.contracts.channel import Channel
@@ -144,9 +144,12 @@ async def connect(
         app = load_app(app or settings.app)
     store = await open_store(settings)
     limits = AdmissionLimits(max_input_bytes=settings.max_input_bytes, default_deadline_s=settings.default_deadline_s)
+    ready = open_ready_index(settings)
     try:
-        yield LocalClient(store, Admission(store, app.specs(), limits))
+        yield LocalClient(store, Admission(store, app.specs(), limits, ready_index=ready))
     finally:
+        if ready is not None:
+            await ready.close()
         await store.close()
 
 
@@ -172,3 +175,15 @@ async def open_quotas(settings: Settings, store: Store, ttl_s: float) -> AsyncIt
             await channel.close()
         if isinstance(leases, RedisLeases):
             await leases.close()
+
+
+def open_ready_index(settings: Settings, stale_s: float | None = None) -> RedisReadyIndex | None:
+    """The Redis Streams ready index when `TENURE_REDIS_URL` is set (connections open lazily), else None.
+    `stale_s` (default: the claim TTL) is how long a delivery may stay unacknowledged before another worker
+    takes it over."""
+    if not settings.redis_url:
+        return None
+    return RedisReadyIndex(
+        settings.redis_url, prefix=settings.redis_prefix, stale_s=stale_s or settings.claim_ttl_s,
+        max_block_s=max(settings.poll_s, 0.05),
+    )

@@ -13,7 +13,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from tenure.app import LocalClient, connect, load_app, open_quotas, open_store
+from tenure.app import LocalClient, connect, load_app, open_quotas, open_ready_index, open_store
 from tenure.contracts.errors import ConfigError, InvalidRequest, TenureError
 from tenure.contracts.states import JobState
 from tenure.contracts.types import Job
@@ -128,10 +128,13 @@ async def cmd_worker(args: argparse.Namespace) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal, sig)
+    ready = open_ready_index(settings, config.claim_ttl_s)
     try:
         async with open_quotas(settings, store, config.claim_ttl_s) as quotas:
-            await Worker(store, app, config, faults=faults, quotas=quotas).run(stop)
+            await Worker(store, app, config, faults=faults, quotas=quotas, ready_index=ready).run(stop)
     finally:
+        if ready is not None:
+            await ready.close()
         await store.close()
     return 0
 

@@ -137,6 +137,12 @@ class Store(Protocol):
         workers silent for `worker_ttl_s` gone."""
         ...
 
+    # -- cancellation (minimal; the gateway issue adds the full cancel with its answers) ------------------------------
+    async def request_cancel(self, job_id: str) -> bool:
+        """Write `cancel_requested_at` (the truth) on a job that has not ended; True if it was recorded. The
+        owner learns of it from its next heartbeat, whatever happened to any message."""
+        ...
+
     # -- wake-up -----------------------------------------------------------------------------------------------------
     async def wait_for_jobs(self, timeout_s: float) -> None:
         """Return when new work may be claimable (NOTIFY on Postgres, a change of the database on SQLite),

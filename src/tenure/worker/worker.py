@@ -34,11 +34,13 @@ from tenure.contracts.errors import (
     TenureError,
 )
 from tenure.contracts.states import JobState, WorkerState
+from tenure.contracts.ready import Delivery, ReadyHint, ReadyIndex
 from tenure.contracts.store import Leases, Store
 from tenure.contracts.types import (
     Claim,
     Fence,
     Finish,
+    JobFilter,
     NewEvent,
     Start,
     Started,
@@ -240,12 +242,17 @@ class Worker:
         faults: Faults | None = None,
         worker_id: str | None = None,
         quotas: QuotaManager | None = None,
+        ready_index: ReadyIndex | None = None,
     ) -> None:
         self.store = store
         self.app = app
         self.config = config or WorkerConfig()
         self.leases: Leases | None = leases
         self.faults = faults or Faults()
+        # The ready index (Redis Streams) only wakes this worker and hints candidates; claims stay the store's
+        # conditional UPDATE, and the store is polled whenever the index is down or silent.
+        self.ready_index = ready_index
+        self._index_down_until = 0.0
         # Global quotas (control/quotas.py): renewed by the heartbeat, one round trip per lease backend. Without
         # a configured manager, quotas live on the store's leases table and no key is configured.
         store_leases = _store_leases(store)
@@ -291,7 +298,9 @@ class Worker:
             quota_wakeups = loops.create_task(self._quota_wakeups(), name="quota-wakeups")
             async with asyncio.TaskGroup() as executions:
                 self._executions = executions
-                claimer = executions.create_task(self._claim_loop(), name="claim-loop")
+                claimer = executions.create_task(
+                    self._claim_loop() if self.ready_index is None else self._claim_loop_indexed(), name="claim-loop"
+                )
                 await stop.wait()
                 await self._drain(claimer)
             self._executions = None
@@ -327,6 +336,101 @@ class Worker:
             if self._stopping.is_set():
                 return  # draining: these claims stay unstarted and are released by _drain
             await self._start(claims)
+
+    async def _claim_loop_indexed(self) -> None:
+        """The claim loop with a ready index (seed 003's rule): reserve capacity first, then read at most that
+        many hints, then claim in the store; acknowledge a hint once its claim succeeded or proved the job gone.
+        The store claim also runs without hints, so a job the index never heard of is still found."""
+        cfg = self.config
+        index = self.ready_index
+        assert index is not None
+        loop = asyncio.get_running_loop()
+        while not self._stopping.is_set():
+            free = cfg.concurrency - self._busy
+            if free <= 0 or self.state is not WorkerState.ACTIVE:
+                self._slot_freed.clear()
+                await self._wait_any(self._slot_freed.wait(), cfg.poll_s)
+                continue
+            deliveries: list[Delivery] = []
+            index_up = loop.time() >= self._index_down_until
+            if index_up:
+                try:
+                    if index.rebuild_needed:
+                        await self._rebuild_ready_index()
+                    deliveries = await index.take(self.id, self.agents, free, cfg.poll_s)
+                except StoreUnavailable as exc:
+                    log.warning("ready index unavailable, polling the store: %s", exc)
+                    self._index_down_until = loop.time() + max(1.0, cfg.poll_s)
+                    index_up = False
+            if self._stopping.is_set():
+                return  # hints taken now stay pending and are handed over after the claim TTL
+            try:
+                claims = await self.store.claim(self.id, self.agents, cfg.capabilities, free, cfg.claim_ttl_s)
+            except StoreUnavailable as exc:
+                log.warning("claim failed: %s", exc)
+                await self._wait_any(self._stopping.wait(), cfg.poll_s)
+                continue
+            await self._ack_hints(deliveries, {c.fence.job_id for c in claims})
+            if not claims:
+                if not index_up:
+                    await self._wait_any(self.store.wait_for_jobs(cfg.poll_s), cfg.poll_s)
+                continue
+            self._busy += len(claims)
+            for c in claims:
+                self._claimed[c.fence.job_id] = c
+            await self.faults.hit("after_claim", {c.agent for c in claims}, self._stopping)
+            if self._stopping.is_set():
+                return
+            await self._start(claims)
+
+    async def _ack_hints(self, deliveries: list[Delivery], claimed: set[str]) -> None:
+        """Acknowledge the hints whose job this worker claimed, or which no longer name a claimable job. A
+        hint of a job still claimable (claimed by nobody yet) stays pending for another consumer."""
+        if not deliveries or self.ready_index is None:
+            return
+        done = []
+        for d in deliveries:
+            if d.job_id in claimed:
+                done.append(d)
+                continue
+            try:
+                job = await self.store.get_job(d.job_id)
+            except StoreUnavailable:
+                continue
+            if job is None or job.state is not JobState.QUEUED or job.owner is not None:
+                done.append(d)
+        with contextlib.suppress(StoreUnavailable):
+            await self.ready_index.ack(done)
+
+    async def _hint_ready(self, job_ids: list[str]) -> None:
+        """Tell the ready index about jobs that became claimable (released, requeued, due)."""
+        if self.ready_index is None or not job_ids:
+            return
+        hints = []
+        for job_id in job_ids:
+            with contextlib.suppress(StoreUnavailable):
+                job = await self.store.get_job(job_id)
+                if job is not None and job.state is JobState.QUEUED:
+                    hints.append(ReadyHint(job.id, job.agent, job.priority))
+        with contextlib.suppress(StoreUnavailable):
+            await self.ready_index.publish(hints)
+
+    async def _rebuild_ready_index(self) -> None:
+        """The index was lost (or is new): re-publish every queued, unowned job of this worker's agents from
+        the store, the truth. Duplicates are harmless: a hint of a job already claimed is acknowledged."""
+        index = self.ready_index
+        assert index is not None
+        index.rebuild_needed = False
+        published, before = 0, None
+        while True:
+            page = await self.store.list_jobs(JobFilter(state=JobState.QUEUED, before=before, limit=500))
+            hints = [ReadyHint(j.id, j.agent, j.priority) for j in page if j.owner is None and j.agent in self.agents]
+            await index.publish(hints)
+            published += len(hints)
+            if len(page) < 500:
+                break
+            before = page[-1].id
+        log.info("ready index rebuilt from the store: %d hints", published)
 
     async def _wait_any(self, aw: Any, timeout: float) -> None:
         """Wait for `aw` or for stop, at most `timeout` seconds."""
@@ -537,6 +641,7 @@ class Worker:
             try:
                 if duty is not None and await duty.acquire(SWEEPER_DUTY, self.id, 1, cfg.claim_ttl_s):
                     report = await self.store.sweep(cfg.worker_ttl_s)
+                    await self._hint_ready(report.released + report.requeued + report.due)
                     if report.total():
                         log.info("sweep: %s", {k: len(v) for k, v in report.as_dict().items() if v})
             except StoreUnavailable as exc:

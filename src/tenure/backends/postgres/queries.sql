@@ -359,3 +359,9 @@ SELECT holder FROM leases WHERE key = $1 AND expires_at > now() ORDER BY expires
 -- name: server_time --
 -- The server's clock.
 SELECT extract(epoch FROM clock_timestamp())::float8
+
+-- name: request_cancel --
+-- Record a cancel request on a job that has not ended; the owner learns it from its next heartbeat.
+UPDATE jobs SET cancel_requested_at = coalesce(cancel_requested_at, now()), updated_at = now()
+ WHERE id = $1 AND state IN ('queued', 'running', 'waiting')
+RETURNING id

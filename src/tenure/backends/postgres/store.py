@@ -455,6 +455,13 @@ class PostgresStore:
         finally:
             self._wake.clear()
 
+    # -- cancellation ----------------------------------------------------------------------------------------------
+    async def request_cancel(self, job_id: str) -> bool:
+        if not _is_uuid(job_id):
+            return False
+        async with self._conn("request_cancel") as conn:
+            return await conn.fetchval(Q["request_cancel"], job_id) is not None
+
     # -- leases -------------------------------------------------------------------------------------------------------
     # The statements live in `_lease_ops` so that `PostgresLeases` (a lease backend on its own tiny pool) runs
     # exactly the same SQL.

@@ -3,5 +3,6 @@ channel (`RedisChannel`, pub/sub)."""
 
 from tenure.backends.redis.channel import RedisChannel
 from tenure.backends.redis.leases import RedisLeases
+from tenure.backends.redis.ready_index import RedisReadyIndex
 
-__all__ = ["RedisChannel", "RedisLeases"]
+__all__ = ["RedisChannel", "RedisLeases", "RedisReadyIndex"]

@@ -228,3 +228,9 @@ SELECT holder FROM leases WHERE key = ? AND expires_at > {now} ORDER BY expires_
 -- name: server_time --
 -- SQLite's clock.
 SELECT {now}
+
+-- name: request_cancel --
+-- Record a cancel request on a job that has not ended; the owner learns it from its next heartbeat.
+UPDATE jobs SET cancel_requested_at = coalesce(cancel_requested_at, {now}), updated_at = {now}
+ WHERE id = ? AND state IN ('queued', 'running', 'waiting')
+RETURNING id

@@ -487,6 +487,12 @@ class SqliteStore:
                 pass
             interval = min(interval * 2, _POLL_MAX_S)
 
+    # -- cancellation ----------------------------------------------------------------------------------------------
+    async def request_cancel(self, job_id: str) -> bool:
+        rows = await self._run(lambda: self._tx(lambda db: db.execute(Q["request_cancel"], (job_id,)).fetchall()),
+                               "request_cancel")
+        return bool(rows)
+
     # -- leases -------------------------------------------------------------------------------------------------------
     async def _lease_run(self, fn: Callable[[], T], what: str) -> T:
         """Run a lease operation; its failures are `LeasesUnavailable` (the quota layer's fail policy keys on
