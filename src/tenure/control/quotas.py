@@ -90,6 +90,9 @@ class QuotaManager:
         self.breaker_s = breaker_s
         self._held: dict[LeaseRef, _Hold] = {}
         self._waiters: dict[str, set[asyncio.Future[None]]] = {}
+        # Bumped by every wake-up of a key, so a waiter that was busy checking when a release was announced
+        # (not yet waiting on a future) sees it and checks again instead of sleeping until the polling floor.
+        self._wake_gen: Counter[str] = Counter()
         self._down_until = 0.0
         self._last_renewed = time.monotonic()
         self.fail_open_admitted: Counter[str] = Counter()
@@ -163,6 +166,7 @@ class QuotaManager:
             delay = min(delay * 2, 5.0)
 
     def _wake(self, key: str) -> None:
+        self._wake_gen[key] += 1
         for fut in self._waiters.get(key, ()):
             if not fut.done():
                 fut.set_result(None)
@@ -228,6 +232,7 @@ class QuotaManager:
         self._track(ticket, lambda: None)  # a lost ticket is taken again below, keeping its place
         try:
             while True:
+                seen = self._wake_gen[spec.key]
                 line = sorted(await self.leases.holders(line_key))
                 if ticket.holder not in line:
                     await self.leases.acquire(line_key, ticket.holder, _LINE_LIMIT, self.ttl_s)
@@ -243,6 +248,8 @@ class QuotaManager:
                     raise QuotaExhausted(
                         f"no slot of quota {spec.key!r} came free within {timeout_s:g} s", spec.key, spec.limit
                     )
+                if self._wake_gen[spec.key] != seen:
+                    continue  # a release was announced while we were checking: check again now
                 # Jitter the polling floor so that waiters of many processes do not poll in lockstep.
                 await self._sleep_until_woken(spec.key, left * random.uniform(0.8, 1.0))
         finally:
