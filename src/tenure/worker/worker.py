@@ -30,12 +30,14 @@ from tenure.contracts.errors import (
     JobCancelled,
     OwnershipLost,
     PermanentError,
+    QuotaExhausted,
+    QuotaUnavailable,
     StoreUnavailable,
     TenureError,
 )
 from tenure.contracts.states import JobState, WorkerState
 from tenure.contracts.ready import Delivery, ReadyHint, ReadyIndex
-from tenure.contracts.store import Leases, Store
+from tenure.contracts.store import LeaseRef, Leases, Store
 from tenure.contracts.types import (
     Claim,
     Fence,
@@ -249,16 +251,28 @@ class Worker:
         self.config = config or WorkerConfig()
         self.leases: Leases | None = leases
         self.faults = faults or Faults()
-        # The ready index (Redis Streams) only wakes this worker and hints candidates; claims stay the store's
-        # conditional UPDATE, and the store is polled whenever the index is down or silent.
-        self.ready_index = ready_index
-        self._index_down_until = 0.0
         # Global quotas (control/quotas.py): renewed by the heartbeat, one round trip per lease backend. Without
         # a configured manager, quotas live on the store's leases table and no key is configured.
         store_leases = _store_leases(store)
         self.quotas: QuotaManager | None = quotas or (
             QuotaManager(store_leases, {}, ttl_s=self.config.claim_ttl_s) if store_leases is not None else None
         )
+        # The ready index (Redis Streams) only wakes this worker and hints candidates; claims stay the store's
+        # conditional UPDATE, and the store is polled whenever the index is down or silent.
+        self.ready_index = ready_index
+        self._index_down_until = 0.0
+        # Agents declaring a global worker quota are claimed only with a slot of it already held.
+        self._quota_agents: dict[str, list[str]] = {}
+        for name, agent in sorted(app.agents.items()):
+            if agent.spec.worker_quota is not None:
+                self._quota_agents.setdefault(agent.spec.worker_quota, []).append(name)
+        self._plain_agents = [a for a in sorted(app.agents) if app.agents[a].spec.worker_quota is None]
+        self._worker_slots: dict[str, LeaseRef] = {}  # job id → the worker-quota slot held for it
+        self._worker_slot_seq = 0
+        for key in self._quota_agents:
+            if self.quotas is None:
+                raise ConfigError(f"worker quota {key!r} needs a quota backend")
+            self.quotas.spec(key)  # an unconfigured worker quota is a start-up error
         self.host = socket.gethostname()
         self.id = worker_id or f"{self.host}:{os.getpid()}:{new_id()[-8:]}"
         self.agents = sorted(app.agents)
@@ -321,7 +335,7 @@ class Worker:
                 await self._wait_any(self._slot_freed.wait(), cfg.poll_s)
                 continue
             try:
-                claims = await self.store.claim(self.id, self.agents, cfg.capabilities, free, cfg.claim_ttl_s)
+                claims = await self._claim(free)
             except StoreUnavailable as exc:
                 log.warning("claim failed: %s", exc)
                 await self._wait_any(self._stopping.wait(), cfg.poll_s)
@@ -336,6 +350,7 @@ class Worker:
             if self._stopping.is_set():
                 return  # draining: these claims stay unstarted and are released by _drain
             await self._start(claims)
+            await self._settle_worker_slots()
 
     async def _claim_loop_indexed(self) -> None:
         """The claim loop with a ready index (seed 003's rule): reserve capacity first, then read at most that
@@ -365,7 +380,7 @@ class Worker:
             if self._stopping.is_set():
                 return  # hints taken now stay pending and are handed over after the claim TTL
             try:
-                claims = await self.store.claim(self.id, self.agents, cfg.capabilities, free, cfg.claim_ttl_s)
+                claims = await self._claim(free)
             except StoreUnavailable as exc:
                 log.warning("claim failed: %s", exc)
                 await self._wait_any(self._stopping.wait(), cfg.poll_s)
@@ -382,6 +397,72 @@ class Worker:
             if self._stopping.is_set():
                 return
             await self._start(claims)
+            await self._settle_worker_slots()
+
+    async def _claim(self, free: int) -> list[Claim]:
+        """Claim up to `free` jobs. Jobs of agents with a worker quota are claimed only for slots of it taken
+        first (wait=False: a worker never claims and then waits for a slot)."""
+        cfg = self.config
+        if not self._quota_agents:
+            return await self.store.claim(self.id, self.agents, cfg.capabilities, free, cfg.claim_ttl_s)
+        claims: list[Claim] = []
+        if self._plain_agents:
+            claims = await self.store.claim(self.id, self._plain_agents, cfg.capabilities, free, cfg.claim_ttl_s)
+        for key, agents in self._quota_agents.items():
+            left = free - len(claims)
+            if left <= 0:
+                break
+            slots = await self._reserve_worker_slots(key, left)
+            if not slots:
+                continue
+            got: list[Claim] = []
+            try:
+                got = await self.store.claim(self.id, agents, cfg.capabilities, len(slots), cfg.claim_ttl_s)
+            except StoreUnavailable as exc:
+                if not claims:
+                    raise
+                log.warning("claim failed: %s", exc)  # keep the claims already made
+            finally:
+                for ref in slots[len(got):]:
+                    await self._release_worker_slot(ref)
+            for c, ref in zip(got, slots, strict=False):
+                self._worker_slots[c.fence.job_id] = ref
+                self._track_worker_slot(c.fence.job_id, ref)
+            claims.extend(got)
+        return claims
+
+    async def _reserve_worker_slots(self, key: str, count: int) -> list[LeaseRef]:
+        quotas = self.quotas
+        assert quotas is not None
+        spec = quotas.spec(key)
+        slots: list[LeaseRef] = []
+        for _ in range(count):
+            self._worker_slot_seq += 1
+            ref = LeaseRef(key, f"{self.id}:slot:{self._worker_slot_seq}")
+            try:
+                leased = await quotas.acquire(spec, ref.holder, wait=False, timeout_s=None)
+            except (QuotaExhausted, QuotaUnavailable):
+                break
+            if leased:
+                slots.append(ref)
+            else:  # fail-open: the backend is down; proceed unleased for this one claim
+                slots.append(LeaseRef(key, ""))
+                break
+        return slots
+
+    def _track_worker_slot(self, job_id: str, ref: LeaseRef) -> None:
+        if ref.holder and self.quotas is not None:
+            # A worker slot lost at renewal stops its execution, like a lost claim.
+            self.quotas._track(ref, lambda: self._lose(job_id))
+
+    async def _release_worker_slot(self, ref: LeaseRef) -> None:
+        if ref.holder and self.quotas is not None:
+            await self.quotas.release(ref)
+
+    async def _settle_worker_slots(self) -> None:
+        """Give back the worker-quota slots of jobs this worker no longer holds (start failed, ended)."""
+        for job_id in [j for j in self._worker_slots if j not in self._claimed and j not in self._running]:
+            await self._release_worker_slot(self._worker_slots.pop(job_id))
 
     async def _ack_hints(self, deliveries: list[Delivery], claimed: set[str]) -> None:
         """Acknowledge the hints whose job this worker claimed, or which no longer name a claimable job. A
@@ -542,6 +623,10 @@ class Worker:
             if ex.quotas is not None and ex.quotas.blocks:
                 with contextlib.suppress(Exception):
                     await ex.quotas.release_all()
+            worker_slot = self._worker_slots.pop(claim.fence.job_id, None)
+            if worker_slot is not None:
+                with contextlib.suppress(Exception):
+                    await self._release_worker_slot(worker_slot)
 
     def _finish(
         self, ex: _Execution, state: JobState, *, result_json: str | None = None, error_code: str | None = None,
@@ -663,6 +748,7 @@ class Worker:
             for f in unstarted:
                 if self._claimed.pop(f.job_id, None) is not None:
                     self._free_slot()
+        await self._settle_worker_slots()
         tasks = [e.task for e in self._running.values() if e.task is not None]
         if tasks:
             log.info("drain: waiting up to %.0fs for %d running jobs", self.config.drain_timeout_s, len(tasks))
