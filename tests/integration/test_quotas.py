@@ -249,3 +249,32 @@ async def test_waiters_in_other_processes_are_woken_by_a_message_not_by_polling(
     finally:
         for x in (*leases, *channels):
             await x.close()
+
+
+async def test_a_renewal_that_hangs_past_the_ttl_fences_the_holders_without_waiting_for_it(
+    open_leases: Callable[[], Awaitable[Leases]],
+) -> None:
+    leases = await open_leases()
+
+    class Hanging:
+        """The real backend, except that renewals never answer (a stalled network path)."""
+
+        async def acquire(self, key: str, holder: str, limit: int, ttl_s: float) -> bool:
+            return await leases.acquire(key, holder, limit, ttl_s)
+
+        async def renew(self, held: Sequence[LeaseRef], ttl_s: float) -> list[LeaseRef]:
+            await asyncio.sleep(3600)
+            return []
+
+        async def release(self, key: str, holder: str) -> None:
+            await leases.release(key, holder)
+
+        async def holders(self, key: str) -> list[str]:
+            return await leases.holders(key)
+
+    q = QuotaManager(Hanging(), {"k": QuotaSpec("k", 1)}, ttl_s=0.5)  # type: ignore[arg-type]
+    with pytest.raises(LeaseLost):
+        async with q.for_execution("x").quota("k"):
+            async with asyncio.timeout(5):  # the renewal gives up at the TTL, long before this
+                await q.renew()
+            await asyncio.sleep(5)

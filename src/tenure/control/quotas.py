@@ -130,8 +130,17 @@ class QuotaManager:
             self._last_renewed = time.monotonic()
             return []
         sent = time.monotonic()
+        # Every held lease is valid on the server until at least (last successful renewal sent) + TTL. A renewal
+        # still unanswered at that moment cannot save them: stop waiting and fence their holders now, rather
+        # than let them call upstream on slots the server may already have handed to someone else.
+        valid_for = self._last_renewed + self.ttl_s - sent
         try:
-            lost_refs = await self.leases.renew([h.ref for h in held], self.ttl_s)
+            if valid_for <= 0:
+                raise TimeoutError
+            lost_refs = await asyncio.wait_for(self.leases.renew([h.ref for h in held], self.ttl_s), valid_for)
+        except TimeoutError:
+            log.warning("quota lease renewal did not answer within the lease TTL: fencing every holder")
+            lost_refs = [h.ref for h in held]
         except StoreUnavailable as exc:
             log.warning("quota lease renewal failed: %s", exc)
             if time.monotonic() - self._last_renewed <= self.ttl_s:

@@ -685,7 +685,7 @@ class Worker:
         cfg = self.config
         while True:
             await asyncio.sleep(cfg.heartbeat_s)
-            await asyncio.gather(self.heartbeat_once(), self.renew_quotas())
+            await self.heartbeat_once()
 
     async def renew_quotas(self) -> None:
         """Renew every quota lease of this process in one round trip; a lost one cancels its holding block."""
@@ -694,7 +694,16 @@ class Worker:
 
     async def _quota_wakeups(self) -> None:
         if self.quotas is not None:
-            await self.quotas.run()
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(self.quotas.run(), name="quota-listener")
+                tg.create_task(self._quota_heartbeat_loop(), name="quota-heartbeat")
+
+    async def _quota_heartbeat_loop(self) -> None:
+        """The heartbeat's quota half, on the same interval but its own task, so a slow store round trip never
+        delays the renewal of quota leases (a lease renewed late is lost, and its slot handed to another)."""
+        while True:
+            await asyncio.sleep(self.config.heartbeat_s)
+            await self.renew_quotas()
 
     async def heartbeat_once(self) -> None:
         """One heartbeat round trip: renew every held claim, learn of losses and cancel requests."""
