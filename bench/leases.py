@@ -24,6 +24,7 @@ import argparse
 import asyncio
 import json
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -169,6 +170,7 @@ async def bench_jobs(jobs: int, workers: int, concurrency: int, leases_on: str) 
     if leases_on == "redis":
         env.update({"TENURE_REDIS_URL": REDIS_URL, "TENURE_REDIS_PREFIX": prefix})
     procs: list[subprocess.Popen[bytes]] = []
+    cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     try:
         settings = tenure.settings.Settings(database_url=url)
         async with tenure.connect(app, settings=settings) as client:
@@ -207,12 +209,15 @@ async def bench_jobs(jobs: int, workers: int, concurrency: int, leases_on: str) 
             if keys:
                 await cleanup.delete(*keys)
             await cleanup.aclose()
+    cpu_after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    worker_cpu = (cpu_after.ru_utime + cpu_after.ru_stime) - (cpu_before.ru_utime + cpu_before.ru_stime)
     span = float(row["span"])
     rate = jobs / span
     ceiling = QUOTA_LIMIT / JOB_S
     return {"jobs": jobs, "succeeded": row["ok"], "seconds": span, "jobs_per_s": rate, "ceiling_per_s": ceiling,
             "fraction_of_ceiling": rate / ceiling, "leases_on": leases_on, "workers": workers,
-            "concurrency": concurrency}
+            "concurrency": concurrency, "worker_cpu_s": worker_cpu, "worker_cpu_ms_per_job": 1000 * worker_cpu / jobs,
+            "load_average_1m": os.getloadavg()[0]}
 
 
 async def main() -> int:
@@ -241,7 +246,8 @@ async def main() -> int:
             results["jobs"].append(r)
             print(f"{r['jobs']} jobs of {JOB_S * 1000:.0f} ms under {QUOTA_KEY}={QUOTA_LIMIT}, leases on {on}, "
                   f"{r['workers']} workers × {r['concurrency']}: {r['succeeded']} succeeded in {r['seconds']:.2f} s "
-                  f"= {r['jobs_per_s']:.1f} jobs/s, {r['fraction_of_ceiling']:.0%} of {r['ceiling_per_s']:.0f}")
+                  f"= {r['jobs_per_s']:.1f} jobs/s, {r['fraction_of_ceiling']:.0%} of {r['ceiling_per_s']:.0f} "
+                  f"(worker CPU {r['worker_cpu_ms_per_job']:.2f} ms/job, load average {r['load_average_1m']:.1f})")
     out = HERE / "results" / "leases.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(results, indent=2) + "\n")

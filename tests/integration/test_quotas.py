@@ -8,6 +8,9 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 import pytest
+import redis
+import redis.asyncio
+from redis.driver_info import DriverInfo
 
 from tenure.backends.redis import RedisChannel, RedisLeases
 from tenure.contracts.errors import LeaseLost, QuotaExhausted, QuotaUnavailable
@@ -234,10 +237,16 @@ async def test_waiters_in_other_processes_are_woken_by_a_message_not_by_polling(
     qs = [QuotaManager(l, specs, ttl_s=TTL, channel=c, poll_s=30.0) for l, c in zip(leases, channels, strict=True)]
     try:
         async with asyncio.TaskGroup() as tg:
-            listener = tg.create_task(qs[1].run())
+            listeners = [tg.create_task(q.run()) for q in qs]  # run() also publishes the releases
             holder = qs[0].for_execution("a").quota("k")
             await holder.__aenter__()
-            await asyncio.sleep(0.2)  # the listener has subscribed
+            raw = redis.asyncio.Redis.from_url(REDIS_URL, driver_info=DriverInfo(lib_version=redis.__version__))
+            try:
+                topic = f"tenure-test:{namespace}:chan:quota:k"
+                while (await raw.pubsub_numsub(topic))[0][1] < 2:  # both listeners have subscribed
+                    await asyncio.sleep(0.01)
+            finally:
+                await raw.aclose()
             waiter = tg.create_task(qs[1].for_execution("b").quota("k").__aenter__())
             while not await leases[0].holders("k#wait"):
                 await asyncio.sleep(0.005)
@@ -245,7 +254,8 @@ async def test_waiters_in_other_processes_are_woken_by_a_message_not_by_polling(
             async with asyncio.timeout(5):  # far below the 30 s polling floor
                 block = await waiter
             await block.__aexit__(None, None, None)
-            listener.cancel()
+            for listener in listeners:
+                listener.cancel()
     finally:
         for x in (*leases, *channels):
             await x.close()

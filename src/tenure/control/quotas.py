@@ -89,10 +89,14 @@ class QuotaManager:
         self.poll_s = poll_s
         self.breaker_s = breaker_s
         self._held: dict[LeaseRef, _Hold] = {}
-        self._waiters: dict[str, set[asyncio.Future[None]]] = {}
-        # Bumped by every wake-up of a key, so a waiter that was busy checking when a release was announced
-        # (not yet waiting on a future) sees it and checks again instead of sleeping until the polling floor.
-        self._wake_gen: Counter[str] = Counter()
+        self._waiters: dict[str, dict[str, asyncio.Future[None]]] = {}  # key → ticket → its wake-up
+        # A wake-up that found no sleeping waiter (they were all busy checking) is kept as a permit: the next
+        # waiter about to sleep checks again instead, so no release is missed until the polling floor, and
+        # one release never sets a whole herd of waiters re-reading the line.
+        self._permits: Counter[str] = Counter()
+        # Releases to announce on the channel, published by `run()` so that a release never waits for it.
+        self._to_announce: set[str] = set()
+        self._announce = asyncio.Event()
         self._down_until = 0.0
         self._last_renewed = time.monotonic()
         self.fail_open_admitted: Counter[str] = Counter()
@@ -162,11 +166,27 @@ class QuotaManager:
         returns). A lost subscription is re-established with backoff; polling covers the gap."""
         if self.channel is None or not self.specs:
             return
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(self._announcer(self.channel), name="quota-announcer")
+            tg.create_task(self._listen(self.channel), name="quota-listener")
+
+    async def _announcer(self, channel: Channel) -> None:
+        while True:
+            await self._announce.wait()
+            self._announce.clear()
+            keys, self._to_announce = self._to_announce, set()
+            for key in keys:
+                try:
+                    await channel.publish(quota_topic(key), "released")
+                except StoreUnavailable as exc:  # waiters elsewhere fall back to polling
+                    log.debug("could not announce a release of %s: %s", key, exc)
+
+    async def _listen(self, channel: Channel) -> None:
         topics = [quota_topic(k) for k in self.specs]
         delay = 0.1
         while True:
             try:
-                async for topic, _ in self.channel.subscribe(topics):
+                async for topic, _ in channel.subscribe(topics):
                     delay = 0.1
                     self._wake(topic.removeprefix("quota:"))
             except StoreUnavailable as exc:
@@ -175,30 +195,34 @@ class QuotaManager:
             delay = min(delay * 2, 5.0)
 
     def _wake(self, key: str) -> None:
-        self._wake_gen[key] += 1
-        for fut in self._waiters.get(key, ()):
-            if not fut.done():
-                fut.set_result(None)
+        """Wake this process's oldest sleeping waiter of `key` (not all of them: one freed slot needs one
+        taker, and a herd of waiters re-reading the line would cost a round trip each)."""
+        waiters = self._waiters.get(key)
+        if waiters:
+            for ticket in sorted(waiters):
+                fut = waiters[ticket]
+                if not fut.done():
+                    fut.set_result(None)
+                    return
+        self._permits[key] = min(self._permits[key] + 1, 64)
 
-    async def _sleep_until_woken(self, key: str, timeout_s: float) -> None:
+    async def _sleep_until_woken(self, key: str, ticket: str, timeout_s: float) -> None:
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        waiters = self._waiters.setdefault(key, set())
-        waiters.add(fut)
+        waiters = self._waiters.setdefault(key, {})
+        waiters[ticket] = fut
         try:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(fut, timeout_s)
         finally:
-            waiters.discard(fut)
+            waiters.pop(ticket, None)
             if not waiters:
                 self._waiters.pop(key, None)
 
-    async def _announce_release(self, key: str) -> None:
+    def _announce_release(self, key: str) -> None:
         self._wake(key)
         if self.channel is not None:
-            try:
-                await self.channel.publish(quota_topic(key), "released")
-            except StoreUnavailable as exc:  # waiters elsewhere fall back to polling
-                log.debug("could not announce a release of %s: %s", key, exc)
+            self._to_announce.add(key)
+            self._announce.set()
 
     # -- acquire / release ------------------------------------------------------------------------------------------
     def _track(self, ref: LeaseRef, on_lost: Callable[[], None]) -> None:
@@ -241,26 +265,28 @@ class QuotaManager:
         self._track(ticket, lambda: None)  # a lost ticket is taken again below, keeping its place
         try:
             while True:
-                seen = self._wake_gen[spec.key]
                 line = sorted(await self.leases.holders(line_key))
                 if ticket.holder not in line:
                     await self.leases.acquire(line_key, ticket.holder, _LINE_LIMIT, self.ttl_s)
                     self._track(ticket, lambda: None)
                     line = sorted([*line, ticket.holder])
                 ahead = line.index(ticket.holder)
-                free = spec.limit - len(await self.leases.holders(spec.key))
-                if ahead < free and await self._try(spec, holder):
-                    return True
+                # The head of the line just tries (acquire is atomic and refuses when full); the others try only
+                # if there are enough free slots for everyone ahead of them too.
+                if ahead == 0 or ahead < spec.limit - len(await self.leases.holders(spec.key)):
+                    if await self._try(spec, holder):
+                        return True
                 left = self.poll_s if deadline is None else min(self.poll_s, deadline - loop.time())
                 if left <= 0:
                     self.rejected[spec.key] += 1
                     raise QuotaExhausted(
                         f"no slot of quota {spec.key!r} came free within {timeout_s:g} s", spec.key, spec.limit
                     )
-                if self._wake_gen[spec.key] != seen:
+                if self._permits[spec.key] > 0:
+                    self._permits[spec.key] -= 1
                     continue  # a release was announced while we were checking: check again now
                 # Jitter the polling floor so that waiters of many processes do not poll in lockstep.
-                await self._sleep_until_woken(spec.key, left * random.uniform(0.8, 1.0))
+                await self._sleep_until_woken(spec.key, ticket.holder, left * random.uniform(0.8, 1.0))
         finally:
             self._untrack(ticket)
             with contextlib.suppress(StoreUnavailable):
@@ -289,7 +315,7 @@ class QuotaManager:
         except StoreUnavailable as exc:
             log.warning("quota release of %s failed (it expires within the TTL): %s", ref.key, exc)
             return
-        await self._announce_release(ref.key)
+        self._announce_release(ref.key)
 
 
 class QuotaBlock:

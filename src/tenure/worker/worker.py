@@ -502,16 +502,19 @@ class Worker:
         index = self.ready_index
         assert index is not None
         index.rebuild_needed = False
-        published, before = 0, None
+        hints: list[ReadyHint] = []
+        before = None
         while True:
             page = await self.store.list_jobs(JobFilter(state=JobState.QUEUED, before=before, limit=500))
-            hints = [ReadyHint(j.id, j.agent, j.priority) for j in page if j.owner is None and j.agent in self.agents]
-            await index.publish(hints)
-            published += len(hints)
+            hints += [ReadyHint(j.id, j.agent, j.priority) for j in page if j.owner is None and j.agent in self.agents]
             if len(page) < 500:
                 break
             before = page[-1].id
-        log.info("ready index rebuilt from the store: %d hints", published)
+        # Pages come newest first; publish oldest first, the order in which the store claim takes them.
+        hints.reverse()
+        for i in range(0, len(hints), 500):
+            await index.publish(hints[i : i + 500])
+        log.info("ready index rebuilt from the store: %d hints", len(hints))
 
     async def _wait_any(self, aw: Any, timeout: float) -> None:
         """Wait for `aw` or for stop, at most `timeout` seconds."""

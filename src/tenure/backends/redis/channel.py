@@ -6,6 +6,7 @@ heartbeat flags, history). Driver errors surface as `LeasesUnavailable` (a `Stor
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING
 
@@ -58,9 +59,11 @@ class RedisChannel:
         except RedisError as exc:
             raise LeasesUnavailable(f"Redis subscription lost: {exc}") from exc
         finally:
+            # Bounded: this runs on cancellation too, and a half-read subscription must not hang the canceller.
             try:
-                await pubsub.aclose()  # type: ignore[no-untyped-call]
-            except RedisError:
+                async with asyncio.timeout(2):
+                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+            except (RedisError, TimeoutError):
                 pass
 
     async def close(self) -> None:
