@@ -12,20 +12,18 @@ import signal
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-import redis.asyncio
-from redis.driver_info import DriverInfo
 
 import tenure.mock_model
-from tenure.app import LocalClient, connect
+from tenure.app import connect
 from tenure.contracts.states import JobState
 from tenure.control.admission import JobRequest
-from tests.conftest import REDIS_URL
 from tests.integration.procs import WorkerProc
+from tests.integration.redisproc import RedisProc
 
 pytestmark = pytest.mark.slow
 
@@ -71,26 +69,23 @@ def mock_model() -> Iterator[str]:
 
 
 @pytest.fixture
-async def redis_prefix() -> AsyncIterator[str]:
-    """A Redis key prefix of this test's own (the shared Redis is never flushed); deleted afterwards."""
-    prefix = f"tenure-test:{uuid.uuid4().hex}:"
-    yield prefix
-    client = redis.asyncio.Redis.from_url(REDIS_URL, driver_info=DriverInfo(lib_version=redis.__version__))
+def private_redis(tmp_path: Path) -> Iterator[RedisProc]:
+    """A redis-server of this test's own: other test runs FLUSHDB the shared server, and a flush in the middle
+    of this run would (correctly) lose every lease at once and let the next holders overrun the model."""
+    server = RedisProc(tmp_path)
     try:
-        keys = [k async for k in client.scan_iter(match=prefix + "*")]
-        if keys:
-            await client.delete(*keys)
+        yield server
     finally:
-        await client.aclose()
+        server.kill()
 
 
 async def test_two_hundred_chat_jobs_never_exceed_the_models_limit_while_workers_are_killed(
-    pg_database_url: str, mock_model: str, redis_prefix: str, tmp_path: Path
+    pg_database_url: str, mock_model: str, private_redis: RedisProc, tmp_path: Path
 ) -> None:
     env = {
         "TENURE_QUOTAS": f"llm:mock={MODEL_LIMIT}",
-        "TENURE_REDIS_URL": REDIS_URL,
-        "TENURE_REDIS_PREFIX": redis_prefix,
+        "TENURE_REDIS_URL": private_redis.url,
+        "TENURE_REDIS_PREFIX": f"tenure-test:{uuid.uuid4().hex}:",
         "TENURE_MODEL_URL": mock_model,
     }
     workers: list[WorkerProc] = []
@@ -130,7 +125,8 @@ async def test_two_hundred_chat_jobs_never_exceed_the_models_limit_while_workers
                 w.stop()
 
     assert kills == 5
-    assert stats["rejected_429"] == 0, (stats, "\n".join(warnings[-40:]))
+    if stats["rejected_429"]:
+        pytest.fail(f"the model answered 429: {stats}\n" + "\n".join(w[:200] for w in warnings[-40:]))
     assert stats["max_in_flight"] <= MODEL_LIMIT, stats
     assert set(jobs) == set(ids)
     assert all(j.state.terminal for j in jobs.values())

@@ -288,3 +288,21 @@ async def test_a_renewal_that_hangs_past_the_ttl_fences_the_holders_without_wait
             async with asyncio.timeout(5):  # the renewal gives up at the TTL, long before this
                 await q.renew()
             await asyncio.sleep(5)
+
+
+async def test_a_block_that_ends_with_an_error_leaves_its_lease_to_expire_instead_of_releasing_it(
+    open_leases: Callable[[], Awaitable[Leases]],
+) -> None:
+    # The upstream may not have noticed the aborted call yet: handing the slot over at once would overrun it.
+    leases = await open_leases()
+    q = QuotaManager(leases, {"k": QuotaSpec("k", 1)}, ttl_s=0.5, poll_s=0.05)
+    with pytest.raises(RuntimeError):
+        async with q.for_execution("a").quota("k"):
+            raise RuntimeError("the stream broke")
+    assert q.held == [], "an abandoned lease is no longer renewed"
+    assert await leases.holders("k") == ["a:0"]
+    with pytest.raises(QuotaExhausted):
+        async with q.for_execution("b").quota("k", wait=False):
+            pass
+    async with q.for_execution("c").quota("k", timeout_s=5):  # comes free once the TTL has passed
+        assert await leases.holders("k") == ["c:0"]

@@ -321,7 +321,8 @@ class QuotaManager:
 class QuotaBlock:
     """One `async with ctx.quota(key)`: a held slot for the duration of the block.
 
-    If the lease is lost while the block runs, the task running the block is cancelled and the block raises
+    A block that ends normally gives its slot back at once; one that ends with an exception or a cancellation
+    leaves its lease to expire within one TTL (see `_abandon`). If the lease is lost while the block runs, the task running the block is cancelled and the block raises
     `LeaseLost` instead of `CancelledError` (the way `asyncio.timeout` turns its cancellation into
     `TimeoutError`).
     """
@@ -386,9 +387,12 @@ class QuotaBlock:
                 with contextlib.suppress(asyncio.CancelledError):
                     await asyncio.sleep(0)
             if self._task.uncancel() > 0:
-                await self._give_back()
+                self._abandon()
                 return False  # someone else cancelled the task too: let that cancellation through
-        await self._give_back()
+        if exc_type is None or self.lost:
+            await self._give_back()
+        else:
+            self._abandon()
         if self.lost:
             assert self.ref is not None
             cause = None if exc_type is None or issubclass(exc_type, asyncio.CancelledError) else exc
@@ -396,6 +400,15 @@ class QuotaBlock:
                 f"the lease on quota {self.ref.key!r} was lost while in use", self.ref.key, self.ref.holder
             ) from cause
         return False
+
+    def _abandon(self) -> None:
+        """The block ended abnormally (an exception, a cancellation): the upstream call it guarded may still be
+        running on the other side — a closed connection is noticed by the server only later. Giving the slot
+        back now could let the next holder in before the server has counted this call out, and the server
+        would answer 429. So the lease is only no longer renewed: it expires within one TTL."""
+        if self.ref is not None and self.leased:
+            self.leased = False
+            self._owner.manager._untrack(self.ref)
 
     async def _give_back(self) -> None:
         if self.ref is None:
