@@ -288,11 +288,11 @@ class QuotaManager:
                 # Jitter the polling floor so that waiters of many processes do not poll in lockstep.
                 await self._sleep_until_woken(spec.key, ticket.holder, left * random.uniform(0.8, 1.0))
         finally:
+            # No wake-up for the next in line: leaving the line frees no slot, and every release that did free
+            # one has woken (or left a permit for) a waiter of its own.
             self._untrack(ticket)
             with contextlib.suppress(StoreUnavailable):
                 await self.leases.release(line_key, ticket.holder)
-            # The next in line may be able to go now that this ticket has left (taken a slot or given up).
-            self._wake(spec.key)
 
     def _backend_down(self, spec: QuotaSpec, exc: LeasesUnavailable | None) -> bool:
         if exc is not None:
