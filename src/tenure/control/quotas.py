@@ -52,6 +52,14 @@ _LINE_LIMIT = 1_000_000
 """The waiting line is unbounded in practice: tickets are leases only so that a dead waiter's expires."""
 
 
+def _reraise_cancellation() -> None:
+    """A cancellation that arrives during a redis-py command is sometimes absorbed by the driver (the command
+    returns or fails as a connection error): a background loop checks that it was not asked to stop."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
 def quota_topic(key: str) -> str:
     """The channel topic on which releases of `key` are announced."""
     return f"quota:{key}"
@@ -89,7 +97,10 @@ class QuotaManager:
         self.poll_s = poll_s
         self.breaker_s = breaker_s
         self._held: dict[LeaseRef, _Hold] = {}
-        self._waiters: dict[str, dict[str, asyncio.Future[None]]] = {}  # key → ticket → its wake-up
+        self._waiters: dict[str, dict[str, asyncio.Future[bool]]] = {}  # key → ticket → its wake-up
+        self._my_tickets: set[str] = set()  # tickets of this process's waiters
+        self._handed: set[str] = set()  # tickets told "go" while they were not asleep
+        self._handing_over = False  # run() is active: releases are handed over by its announcer
         # A wake-up that found no sleeping waiter (they were all busy checking) is kept as a permit: the next
         # waiter about to sleep checks again instead, so no release is missed until the polling floor, and
         # one release never sets a whole herd of waiters re-reading the line.
@@ -162,34 +173,64 @@ class QuotaManager:
 
     # -- wake-ups -------------------------------------------------------------------------------------------------
     async def run(self) -> None:
-        """Listen for releases announced by other processes (runs until cancelled; without a channel it only
-        returns). A lost subscription is re-established with backoff; polling covers the gap."""
-        if self.channel is None or not self.specs:
+        """Hand released slots over to the head of their line, and listen for hand-overs announced by other
+        processes (runs until cancelled). A lost subscription is re-established with backoff; polling covers
+        the gap. Without `run()`, a release only wakes a waiter of the same process."""
+        if not self.specs:
             return
-        async with asyncio.TaskGroup() as tg:
-            tg.create_task(self._announcer(self.channel), name="quota-announcer")
-            tg.create_task(self._listen(self.channel), name="quota-listener")
+        self._handing_over = True
+        try:
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(self._announcer(self.channel), name="quota-announcer")
+                if self.channel is not None:
+                    tg.create_task(self._listen(self.channel), name="quota-listener")
+        finally:
+            self._handing_over = False
 
-    async def _announcer(self, channel: Channel) -> None:
+    async def _announcer(self, channel: Channel | None) -> None:
+        """After releases of a key, read its line once and tell the waiters at its head — as many as there are
+        free slots — to go: they take a slot without reading the line again, and nobody else wakes up."""
         while True:
+            _reraise_cancellation()
             await self._announce.wait()
             self._announce.clear()
             keys, self._to_announce = self._to_announce, set()
             for key in keys:
                 try:
-                    await channel.publish(quota_topic(key), "released")
-                except StoreUnavailable as exc:  # waiters elsewhere fall back to polling
-                    log.debug("could not announce a release of %s: %s", key, exc)
+                    line = sorted(await self.leases.holders(key + WAIT_SUFFIX))
+                    if not line:
+                        continue
+                    free = self.specs[key].limit - len(await self.leases.holders(key))
+                    heads = line[: max(1, free)]
+                    for ticket in heads:
+                        self._go(key, ticket)
+                    if channel is not None and any(t not in self._my_tickets for t in heads):
+                        await channel.publish(quota_topic(key), ",".join(heads))
+                except StoreUnavailable as exc:  # waiters fall back to polling
+                    _reraise_cancellation()
+                    log.debug("could not hand over a release of %s: %s", key, exc)
+
+    def _go(self, key: str, ticket: str) -> None:
+        """Tell the waiter holding `ticket` (if it is ours) that a slot is free for it."""
+        fut = self._waiters.get(key, {}).get(ticket)
+        if fut is not None and not fut.done():
+            fut.set_result(True)
+        elif ticket in self._my_tickets:
+            self._handed.add(ticket)
 
     async def _listen(self, channel: Channel) -> None:
         topics = [quota_topic(k) for k in self.specs]
         delay = 0.1
         while True:
+            _reraise_cancellation()
             try:
-                async for topic, _ in channel.subscribe(topics):
+                async for topic, message in channel.subscribe(topics):
                     delay = 0.1
-                    self._wake(topic.removeprefix("quota:"))
+                    key = topic.removeprefix("quota:")
+                    for ticket in message.split(","):
+                        self._go(key, ticket)
             except StoreUnavailable as exc:
+                _reraise_cancellation()
                 log.warning("quota wake-up channel lost, polling meanwhile: %s", exc)
             await asyncio.sleep(delay * random.uniform(0.5, 1.0))
             delay = min(delay * 2, 5.0)
@@ -202,27 +243,31 @@ class QuotaManager:
             for ticket in sorted(waiters):
                 fut = waiters[ticket]
                 if not fut.done():
-                    fut.set_result(None)
+                    fut.set_result(False)
                     return
         self._permits[key] = min(self._permits[key] + 1, 64)
 
-    async def _sleep_until_woken(self, key: str, ticket: str, timeout_s: float) -> None:
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    async def _sleep_until_woken(self, key: str, ticket: str, timeout_s: float) -> bool:
+        """Sleep until woken or `timeout_s`; True when a hand-over told this ticket to go."""
+        fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         waiters = self._waiters.setdefault(key, {})
         waiters[ticket] = fut
         try:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(fut, timeout_s)
+            try:
+                return await asyncio.wait_for(fut, timeout_s)
+            except TimeoutError:
+                return False
         finally:
             waiters.pop(ticket, None)
             if not waiters:
                 self._waiters.pop(key, None)
 
     def _announce_release(self, key: str) -> None:
-        self._wake(key)
-        if self.channel is not None:
+        if self._handing_over:
             self._to_announce.add(key)
             self._announce.set()
+        else:
+            self._wake(key)
 
     # -- acquire / release ------------------------------------------------------------------------------------------
     def _track(self, ref: LeaseRef, on_lost: Callable[[], None]) -> None:
@@ -261,10 +306,16 @@ class QuotaManager:
         deadline = None if timeout_s is None else loop.time() + timeout_s
         line_key = spec.key + WAIT_SUFFIX
         ticket = LeaseRef(line_key, new_id())  # time-ordered: the line is sorted by ticket
+        self._my_tickets.add(ticket.holder)
         await self.leases.acquire(line_key, ticket.holder, _LINE_LIMIT, self.ttl_s)
         self._track(ticket, lambda: None)  # a lost ticket is taken again below, keeping its place
+        go = False
         try:
             while True:
+                if go:  # handed a slot: take it without reading the line again
+                    go = False
+                    if await self._try(spec, holder):
+                        return True
                 line = sorted(await self.leases.holders(line_key))
                 if ticket.holder not in line:
                     await self.leases.acquire(line_key, ticket.holder, _LINE_LIMIT, self.ttl_s)
@@ -282,15 +333,21 @@ class QuotaManager:
                     raise QuotaExhausted(
                         f"no slot of quota {spec.key!r} came free within {timeout_s:g} s", spec.key, spec.limit
                     )
+                if ticket.holder in self._handed:
+                    self._handed.discard(ticket.holder)
+                    go = True
+                    continue  # handed a slot while we were checking
                 if self._permits[spec.key] > 0:
                     self._permits[spec.key] -= 1
                     continue  # a release was announced while we were checking: check again now
                 # Jitter the polling floor so that waiters of many processes do not poll in lockstep.
-                await self._sleep_until_woken(spec.key, ticket.holder, left * random.uniform(0.8, 1.0))
+                go = await self._sleep_until_woken(spec.key, ticket.holder, left * random.uniform(0.8, 1.0))
         finally:
             # No wake-up for the next in line: leaving the line frees no slot, and every release that did free
             # one has woken (or left a permit for) a waiter of its own.
             self._untrack(ticket)
+            self._my_tickets.discard(ticket.holder)
+            self._handed.discard(ticket.holder)
             with contextlib.suppress(StoreUnavailable):
                 await self.leases.release(line_key, ticket.holder)
 

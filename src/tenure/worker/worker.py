@@ -707,6 +707,10 @@ class Worker:
         while True:
             await asyncio.sleep(self.config.heartbeat_s)
             await self.renew_quotas()
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                # A cancellation absorbed by the Redis driver mid-renewal must still stop this loop.
+                raise asyncio.CancelledError
 
     async def heartbeat_once(self) -> None:
         """One heartbeat round trip: renew every held claim, learn of losses and cancel requests."""
