@@ -103,6 +103,7 @@ async def bench_leases(seconds: float) -> dict[str, Any]:
         )
         script = raw.register_script("return 1")
         try:
+
             async def bare(c: int, i: int) -> None:
                 await script(keys=[f"bench:{ns}:bare"], args=[])
 
@@ -142,7 +143,9 @@ async def bench_leases(seconds: float) -> dict[str, Any]:
                 await sl.close()
                 for suffix in ("", "-wal", "-shm"):
                     Path(path + suffix).unlink(missing_ok=True)
-        row["redis_lease_round_trips_vs_bare"] = 2 * row["redis_pairs_per_s"] / row["redis_bare_evalsha_per_s"]
+        row["redis_lease_round_trips_vs_bare"] = (
+            2 * row["redis_pairs_per_s"] / row["redis_bare_evalsha_per_s"]
+        )
         out[f"clients_{clients}"] = row
     cleanup = redis.asyncio.Redis.from_url(REDIS_URL, driver_info=DriverInfo(lib_version=redis.__version__))
     try:
@@ -163,10 +166,15 @@ async def bench_jobs(jobs: int, workers: int, concurrency: int, leases_on: str) 
     url = f"{PG_BASE}?search_path={schema}"
     prefix = f"bench:{ns}:"
     env = {k: v for k, v in os.environ.items() if not k.startswith("TENURE_")}
-    env.update({
-        "TENURE_DATABASE_URL": url, "TENURE_QUOTAS": f"{QUOTA_KEY}={QUOTA_LIMIT}", "TENURE_LOG_LEVEL": "warning",
-        "PYTHONPATH": os.pathsep.join([str(HERE), str(ROOT / "src")]), "TENURE_POLL_S": "0.2",
-    })
+    env.update(
+        {
+            "TENURE_DATABASE_URL": url,
+            "TENURE_QUOTAS": f"{QUOTA_KEY}={QUOTA_LIMIT}",
+            "TENURE_LOG_LEVEL": "warning",
+            "PYTHONPATH": os.pathsep.join([str(HERE), str(ROOT / "src")]),
+            "TENURE_POLL_S": "0.2",
+        }
+    )
     if leases_on == "redis":
         env.update({"TENURE_REDIS_URL": REDIS_URL, "TENURE_REDIS_PREFIX": prefix})
     procs: list[subprocess.Popen[bytes]] = []
@@ -176,10 +184,22 @@ async def bench_jobs(jobs: int, workers: int, concurrency: int, leases_on: str) 
         async with tenure.connect(app, settings=settings) as client:
             await client.submit_many([tenure.JobRequest("quota_sleep", {}) for _ in range(jobs)])
             for _ in range(workers):
-                procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "tenure.cli", "worker", "--app", "leases:app",
-                     "--concurrency", str(concurrency)], env=env, cwd=HERE,
-                ))
+                procs.append(
+                    subprocess.Popen(
+                        [
+                            sys.executable,
+                            "-m",
+                            "tenure.cli",
+                            "worker",
+                            "--app",
+                            "leases:app",
+                            "--concurrency",
+                            str(concurrency),
+                        ],
+                        env=env,
+                        cwd=HERE,
+                    )
+                )
             deadline = time.monotonic() + 600
             while time.monotonic() < deadline:
                 left = await admin.fetchval(
@@ -204,7 +224,9 @@ async def bench_jobs(jobs: int, workers: int, concurrency: int, leases_on: str) 
         await admin.execute(f"DROP SCHEMA {schema} CASCADE")
         await admin.close()
         if leases_on == "redis":
-            cleanup = redis.asyncio.Redis.from_url(REDIS_URL, driver_info=DriverInfo(lib_version=redis.__version__))
+            cleanup = redis.asyncio.Redis.from_url(
+                REDIS_URL, driver_info=DriverInfo(lib_version=redis.__version__)
+            )
             keys = [k async for k in cleanup.scan_iter(match=prefix + "*")]
             if keys:
                 await cleanup.delete(*keys)
@@ -214,14 +236,26 @@ async def bench_jobs(jobs: int, workers: int, concurrency: int, leases_on: str) 
     span = float(row["span"])
     rate = jobs / span
     ceiling = QUOTA_LIMIT / JOB_S
-    return {"jobs": jobs, "succeeded": row["ok"], "seconds": span, "jobs_per_s": rate, "ceiling_per_s": ceiling,
-            "fraction_of_ceiling": rate / ceiling, "leases_on": leases_on, "workers": workers,
-            "concurrency": concurrency, "worker_cpu_s": worker_cpu, "worker_cpu_ms_per_job": 1000 * worker_cpu / jobs,
-            "load_average_1m": os.getloadavg()[0]}
+    return {
+        "jobs": jobs,
+        "succeeded": row["ok"],
+        "seconds": span,
+        "jobs_per_s": rate,
+        "ceiling_per_s": ceiling,
+        "fraction_of_ceiling": rate / ceiling,
+        "leases_on": leases_on,
+        "workers": workers,
+        "concurrency": concurrency,
+        "worker_cpu_s": worker_cpu,
+        "worker_cpu_ms_per_job": 1000 * worker_cpu / jobs,
+        "load_average_1m": os.getloadavg()[0],
+    }
 
 
 async def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--part", choices=("all", "leases", "jobs"), default="all")
     parser.add_argument("--seconds", type=float, default=3.0, help="measuring time per lease cell")
     parser.add_argument("--jobs", type=int, default=2000)
@@ -232,25 +266,34 @@ async def main() -> int:
     results: dict[str, Any] = {}
     if args.part in ("all", "leases"):
         results["leases"] = await bench_leases(args.seconds)
-        print(f"{'clients':>7}  {'bare EVALSHA/s':>14}  {'redis pairs/s':>13}  {'2×pairs/bare':>12}  "
-              f"{'postgres pairs/s':>16}  {'sqlite pairs/s':>14}")
+        print(
+            f"{'clients':>7}  {'bare EVALSHA/s':>14}  {'redis pairs/s':>13}  {'2×pairs/bare':>12}  "
+            f"{'postgres pairs/s':>16}  {'sqlite pairs/s':>14}"
+        )
         for name, row in results["leases"].items():
-            print(f"{name.removeprefix('clients_'):>7}  {row['redis_bare_evalsha_per_s']:>14,.0f}  "
-                  f"{row['redis_pairs_per_s']:>13,.0f}  {row['redis_lease_round_trips_vs_bare']:>12.0%}  "
-                  f"{row['postgres_pairs_per_s']:>16,.0f}  {row['sqlite_pairs_per_s']:>14,.0f}")
+            print(
+                f"{name.removeprefix('clients_'):>7}  {row['redis_bare_evalsha_per_s']:>14,.0f}  "
+                f"{row['redis_pairs_per_s']:>13,.0f}  {row['redis_lease_round_trips_vs_bare']:>12.0%}  "
+                f"{row['postgres_pairs_per_s']:>16,.0f}  {row['sqlite_pairs_per_s']:>14,.0f}"
+            )
     if args.part in ("all", "jobs"):
         backends = ("redis", "postgres") if args.leases_on == "both" else (args.leases_on,)
         results["jobs"] = []
         for on in backends:
             r = await bench_jobs(args.jobs, args.workers, args.concurrency, on)
             results["jobs"].append(r)
-            print(f"{r['jobs']} jobs of {JOB_S * 1000:.0f} ms under {QUOTA_KEY}={QUOTA_LIMIT}, leases on {on}, "
-                  f"{r['workers']} workers × {r['concurrency']}: {r['succeeded']} succeeded in {r['seconds']:.2f} s "
-                  f"= {r['jobs_per_s']:.1f} jobs/s, {r['fraction_of_ceiling']:.0%} of {r['ceiling_per_s']:.0f} "
-                  f"(worker CPU {r['worker_cpu_ms_per_job']:.2f} ms/job, load average {r['load_average_1m']:.1f})")
+            print(
+                f"{r['jobs']} jobs of {JOB_S * 1000:.0f} ms under {QUOTA_KEY}={QUOTA_LIMIT}, leases on {on}, "
+                f"{r['workers']} workers × {r['concurrency']}: {r['succeeded']} succeeded in {r['seconds']:.2f} s "
+                f"= {r['jobs_per_s']:.1f} jobs/s, {r['fraction_of_ceiling']:.0%} of {r['ceiling_per_s']:.0f} "
+                f"(worker CPU {r['worker_cpu_ms_per_job']:.2f} ms/job, load average {r['load_average_1m']:.1f})"
+            )
     out = HERE / "results" / "leases.json"
     out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps(results, indent=2) + "\n")
+    # A run of one part keeps the other part's last results.
+    previous = json.loads(out.read_text()) if out.exists() else {}
+    results["redis_url"] = REDIS_URL
+    out.write_text(json.dumps(previous | results, indent=2) + "\n")
     return 0
 
 

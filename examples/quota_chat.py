@@ -30,14 +30,31 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="tenure-quota-example-"))
     db = f"sqlite:///{tmp}/tenure.db"
     model = subprocess.Popen(
-        [sys.executable, "-m", "tenure.mock_model", "--port", "0", "--max-concurrency", str(LIMIT),
-         "--latency-ms", "100"], stdout=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "tenure.mock_model",
+            "--port",
+            "0",
+            "--max-concurrency",
+            str(LIMIT),
+            "--latency-ms",
+            "100",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
     )
     assert model.stdout is not None
     base = model.stdout.readline().rsplit(" ", 1)[1].strip().rstrip("/")
     env = {k: v for k, v in os.environ.items() if not k.startswith("TENURE_") or k == "TENURE_REDIS_URL"}
-    env.update({"TENURE_DATABASE_URL": db, "TENURE_QUOTAS": f"llm:mock={LIMIT}", "TENURE_MODEL_URL": base + "/v1",
-                "TENURE_LOG_LEVEL": "warning"})
+    env.update(
+        {
+            "TENURE_DATABASE_URL": db,
+            "TENURE_QUOTAS": f"llm:mock={LIMIT}",
+            "TENURE_MODEL_URL": base + "/v1",
+            "TENURE_LOG_LEVEL": "warning",
+        }
+    )
     workers = [
         subprocess.Popen([sys.executable, "-m", "tenure.cli", "worker", "--concurrency", "6"], env=env)
         for _ in range(2)

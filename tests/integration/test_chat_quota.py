@@ -1,4 +1,4 @@
-"""End to end, without the gateway: `chat` jobs submitted through `tenure.connect`, run by real `tenure worker`
+"""End to end, without the gateway: `chat` jobs submitted through `tenure.connect`, run by `tenure worker`
 processes that share the global quota `llm:mock=8` (Redis leases) in front of a mock model that answers 429
 beyond 8 requests in flight. Workers are SIGKILLed at random and restarted during the run."""
 
@@ -30,15 +30,31 @@ pytestmark = pytest.mark.slow
 MODEL_LIMIT = 8
 
 
-def start_mock_model(max_concurrency: int, latency_ms: float, tokens: int = 8) -> tuple[subprocess.Popen[str], str]:
+def start_mock_model(
+    max_concurrency: int, latency_ms: float, tokens: int = 8
+) -> tuple[subprocess.Popen[str], str]:
     """`python -m tenure.mock_model` on a free port: the process and its base URL (`.../v1`)."""
     src = Path(tenure.mock_model.__file__).resolve().parents[1]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(src), env.get("PYTHONPATH")) if p)
     process = subprocess.Popen(
-        [sys.executable, "-m", "tenure.mock_model", "--port", "0", "--max-concurrency", str(max_concurrency),
-         "--latency-ms", str(latency_ms), "--tokens", str(tokens)],
-        stdout=subprocess.PIPE, env=env, text=True, start_new_session=True,
+        [
+            sys.executable,
+            "-m",
+            "tenure.mock_model",
+            "--port",
+            "0",
+            "--max-concurrency",
+            str(max_concurrency),
+            "--latency-ms",
+            str(latency_ms),
+            "--tokens",
+            str(tokens),
+        ],
+        stdout=subprocess.PIPE,
+        env=env,
+        text=True,
+        start_new_session=True,
     )
     assert process.stdout is not None
     with selectors.DefaultSelector() as selector:

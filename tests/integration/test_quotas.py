@@ -23,7 +23,9 @@ TTL = 5.0
 
 
 @pytest.fixture(params=sorted(BACKENDS))
-async def open_leases(request: pytest.FixtureRequest, namespace: str) -> AsyncIterator[Callable[[], Awaitable[Leases]]]:
+async def open_leases(
+    request: pytest.FixtureRequest, namespace: str
+) -> AsyncIterator[Callable[[], Awaitable[Leases]]]:
     """Open lease backends on one namespace (the first one owns and drops it)."""
     from contextlib import AsyncExitStack
 
@@ -94,6 +96,7 @@ async def test_released_slots_go_to_waiters_oldest_first_across_processes(
     async with asyncio.TaskGroup() as tg:
         for i, name in enumerate(names):
             tg.create_task(wait_then_record(name, managers[i % 3]))
+
             # Each waiter has taken its ticket before the next arrives.
             async def in_line(n: int = i + 1) -> bool:
                 return len(await managers[0].leases.holders("llm:m#wait")) == n
@@ -234,13 +237,18 @@ async def test_waiters_in_other_processes_are_woken_by_a_message_not_by_polling(
     leases = [RedisLeases(REDIS_URL, prefix=prefix) for _ in range(2)]
     channels = [RedisChannel(REDIS_URL, prefix=f"tenure-test:{namespace}:chan:") for _ in range(2)]
     specs = {"k": QuotaSpec("k", 1)}
-    qs = [QuotaManager(l, specs, ttl_s=TTL, channel=c, poll_s=30.0) for l, c in zip(leases, channels, strict=True)]
+    qs = [
+        QuotaManager(l, specs, ttl_s=TTL, channel=c, poll_s=30.0)
+        for l, c in zip(leases, channels, strict=True)
+    ]
     try:
         async with asyncio.TaskGroup() as tg:
             listeners = [tg.create_task(q.run()) for q in qs]  # run() also publishes the releases
             holder = qs[0].for_execution("a").quota("k")
             await holder.__aenter__()
-            raw = redis.asyncio.Redis.from_url(REDIS_URL, driver_info=DriverInfo(lib_version=redis.__version__))
+            raw = redis.asyncio.Redis.from_url(
+                REDIS_URL, driver_info=DriverInfo(lib_version=redis.__version__)
+            )
             try:
                 topic = f"tenure-test:{namespace}:chan:quota:k"
                 while (await raw.pubsub_numsub(topic))[0][1] < 2:  # both listeners have subscribed

@@ -12,7 +12,9 @@ from tenure.settings import Settings, load_quota_file
 
 
 def test_tenure_quotas_declares_limits_and_failure_policies_per_key() -> None:
-    settings = Settings.from_env({"TENURE_QUOTAS": "llm:gpt-4o=8, llm:mock=8/fail-open,gpu-pool=2/fail-closed"})
+    settings = Settings.from_env(
+        {"TENURE_QUOTAS": "llm:gpt-4o=8, llm:mock=8/fail-open,gpu-pool=2/fail-closed"}
+    )
     assert settings.quotas == {
         "llm:gpt-4o": QuotaSpec("llm:gpt-4o", 8),
         "llm:mock": QuotaSpec("llm:mock", 8, "fail-open"),
@@ -24,8 +26,19 @@ def test_tenure_quotas_declares_limits_and_failure_policies_per_key() -> None:
 
 @pytest.mark.parametrize(
     "text",
-    ["llm", "llm=", "=3", "llm=0", "llm=-1", "llm=eight", "llm=2.5", "llm=3/fail-sometimes", "a=1,a=2",
-     "bad key=1", "k#wait=1"],
+    [
+        "llm",
+        "llm=",
+        "=3",
+        "llm=0",
+        "llm=-1",
+        "llm=eight",
+        "llm=2.5",
+        "llm=3/fail-sometimes",
+        "a=1,a=2",
+        "bad key=1",
+        "k#wait=1",
+    ],
 )
 def test_a_malformed_tenure_quotas_is_a_start_up_error(text: str) -> None:
     with pytest.raises(ConfigError):
@@ -44,8 +57,14 @@ def test_tenure_toml_declares_quotas_as_limits_or_tables(tmp_path: Path) -> None
 
 @pytest.mark.parametrize(
     "body",
-    ['[quotas]\n"k" = "eight"\n', '[quotas]\n"k" = { limit = 2, colour = "red" }\n', '[quotas]\n"k" = {}\n',
-     '[quota]\n"k" = 1\n', 'quotas = 3\n', '[quotas\n'],
+    [
+        '[quotas]\n"k" = "eight"\n',
+        '[quotas]\n"k" = { limit = 2, colour = "red" }\n',
+        '[quotas]\n"k" = {}\n',
+        '[quota]\n"k" = 1\n',
+        "quotas = 3\n",
+        "[quotas\n",
+    ],
 )
 def test_a_malformed_tenure_toml_is_a_start_up_error(tmp_path: Path, body: str) -> None:
     path = tmp_path / "tenure.toml"

@@ -115,13 +115,15 @@ class QuotaManager:
         self.rejected: Counter[str] = Counter()
         """QuotaExhausted and QuotaUnavailable answers, by key."""
 
-    # -- configuration -----------------------------------------------------------------------------------------
+    # -- configuration ---------------------------------------------------------------------------------------
     def spec(self, key: str) -> QuotaSpec:
         """The configured spec of `key`; an unconfigured key is a `ConfigError` (no silent unlimited)."""
         spec = self.specs.get(key)
         if spec is None:
             known = ", ".join(sorted(self.specs)) or "none"
-            raise ConfigError(f"quota {key!r} is not configured (TENURE_QUOTAS / tenure.toml; known: {known})")
+            raise ConfigError(
+                f"quota {key!r} is not configured (TENURE_QUOTAS / tenure.toml; known: {known})"
+            )
         return spec
 
     def for_execution(self, execution_id: str) -> ExecutionQuotas:
@@ -133,7 +135,7 @@ class QuotaManager:
         """Every lease this process holds now (slots and waiting-line tickets)."""
         return list(self._held)
 
-    # -- heartbeat ---------------------------------------------------------------------------------------------
+    # -- heartbeat -------------------------------------------------------------------------------------------
     async def renew(self) -> list[LeaseRef]:
         """Renew every held lease in one round trip; tell the holders of lost ones. Returns the lost ones.
 
@@ -145,14 +147,16 @@ class QuotaManager:
             self._last_renewed = time.monotonic()
             return []
         sent = time.monotonic()
-        # Every held lease is valid on the server until at least (last successful renewal sent) + TTL. A renewal
-        # still unanswered at that moment cannot save them: stop waiting and fence their holders now, rather
-        # than let them call upstream on slots the server may already have handed to someone else.
+        # Every held lease is valid on the server until at least (last successful renewal sent) + TTL. A
+        # renewal still unanswered at that moment cannot save them: stop waiting and fence their holders now,
+        # rather than let them call upstream on slots the server may already have handed to someone else.
         valid_for = self._last_renewed + self.ttl_s - sent
         try:
             if valid_for <= 0:
                 raise TimeoutError
-            lost_refs = await asyncio.wait_for(self.leases.renew([h.ref for h in held], self.ttl_s), valid_for)
+            lost_refs = await asyncio.wait_for(
+                self.leases.renew([h.ref for h in held], self.ttl_s), valid_for
+            )
         except TimeoutError:
             log.warning("quota lease renewal did not answer within the lease TTL: fencing every holder")
             lost_refs = [h.ref for h in held]
@@ -171,7 +175,7 @@ class QuotaManager:
                 hold.on_lost()
         return lost_refs
 
-    # -- wake-ups -------------------------------------------------------------------------------------------------
+    # -- wake-ups ---------------------------------------------------------------------------------------
     async def run(self) -> None:
         """Hand released slots over to the head of their line, and listen for hand-overs announced by other
         processes (runs until cancelled). A lost subscription is re-established with backoff; polling covers
@@ -269,7 +273,7 @@ class QuotaManager:
         else:
             self._wake(key)
 
-    # -- acquire / release ------------------------------------------------------------------------------------------
+    # -- acquire / release -----------------------------------------------------------------------------------
     def _track(self, ref: LeaseRef, on_lost: Callable[[], None]) -> None:
         self._held[ref] = _Hold(ref, on_lost)
 
@@ -281,7 +285,8 @@ class QuotaManager:
 
     async def acquire(self, spec: QuotaSpec, holder: str, *, wait: bool, timeout_s: float | None) -> bool:
         """Take a slot of `spec.key` for `holder`. True when a lease is held; False when the backend is down
-        and the key is fail-open (the call proceeds unleased). Raises `QuotaExhausted` or `QuotaUnavailable`."""
+        and the key is fail-open (the call proceeds unleased). Raises `QuotaExhausted` or
+        `QuotaUnavailable`."""
         if self._short_circuited():
             return self._backend_down(spec, None)
         try:
@@ -322,8 +327,8 @@ class QuotaManager:
                     self._track(ticket, lambda: None)
                     line = sorted([*line, ticket.holder])
                 ahead = line.index(ticket.holder)
-                # The head of the line just tries (acquire is atomic and refuses when full); the others try only
-                # if there are enough free slots for everyone ahead of them too.
+                # The head of the line just tries (acquire is atomic and refuses when full); the others try
+                # only if there are enough free slots for everyone ahead of them too.
                 if ahead == 0 or ahead < spec.limit - len(await self.leases.holders(spec.key)):
                     if await self._try(spec, holder):
                         return True
@@ -331,7 +336,9 @@ class QuotaManager:
                 if left <= 0:
                     self.rejected[spec.key] += 1
                     raise QuotaExhausted(
-                        f"no slot of quota {spec.key!r} came free within {timeout_s:g} s", spec.key, spec.limit
+                        f"no slot of quota {spec.key!r} came free within {timeout_s:g} s",
+                        spec.key,
+                        spec.limit,
                     )
                 if ticket.holder in self._handed:
                     self._handed.discard(ticket.holder)
@@ -379,12 +386,14 @@ class QuotaBlock:
     """One `async with ctx.quota(key)`: a held slot for the duration of the block.
 
     A block that ends normally gives its slot back at once; one that ends with an exception or a cancellation
-    leaves its lease to expire within one TTL (see `_abandon`). If the lease is lost while the block runs, the task running the block is cancelled and the block raises
-    `LeaseLost` instead of `CancelledError` (the way `asyncio.timeout` turns its cancellation into
-    `TimeoutError`).
+    leaves its lease to expire within one TTL (see `_abandon`). If the lease is lost while the block runs,
+    the task running the block is cancelled and the block raises `LeaseLost` instead of `CancelledError`
+    (the way `asyncio.timeout` turns its cancellation into `TimeoutError`).
     """
 
-    def __init__(self, owner: ExecutionQuotas, spec: QuotaSpec, *, wait: bool, timeout_s: float | None) -> None:
+    def __init__(
+        self, owner: ExecutionQuotas, spec: QuotaSpec, *, wait: bool, timeout_s: float | None
+    ) -> None:
         self._owner = owner
         self.spec = spec
         self._wait = wait
@@ -459,10 +468,10 @@ class QuotaBlock:
         return False
 
     def _abandon(self) -> None:
-        """The block ended abnormally (an exception, a cancellation): the upstream call it guarded may still be
-        running on the other side — a closed connection is noticed by the server only later. Giving the slot
-        back now could let the next holder in before the server has counted this call out, and the server
-        would answer 429. So the lease is only no longer renewed: it expires within one TTL."""
+        """The block ended abnormally (an exception, a cancellation): the upstream call it guarded may still
+        be running on the other side — a closed connection is noticed by the server only later. Giving the
+        slot back now could let the next holder in before the server has counted this call out, and the
+        server would answer 429. So the lease is only no longer renewed: it expires within one TTL."""
         if self.ref is not None and self.leased:
             self.leased = False
             self._owner.manager._untrack(self.ref)
@@ -506,7 +515,8 @@ class ExecutionQuotas:
             await block.resume()
 
     async def release_all(self) -> None:
-        """The execution ended: release whatever its blocks still hold (a safety net; blocks release on exit)."""
+        """The execution ended: release whatever its blocks still hold (a safety net: blocks release on
+        exit)."""
         for block in list(self.blocks):
             await block._give_back()
         self.blocks.clear()

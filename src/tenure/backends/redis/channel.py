@@ -27,12 +27,16 @@ class RedisChannel:
     def __init__(self, url: str, prefix: str = DEFAULT_PREFIX, *, timeout_s: float = 5.0) -> None:
         self._prefix = prefix
         self._client = Redis.from_url(
-            url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s,
+            url,
+            socket_connect_timeout=timeout_s,
+            socket_timeout=timeout_s,
             driver_info=DriverInfo(lib_version=redis.__version__),
         )
         # Subscriptions block on reads for as long as nothing is published: no socket timeout there.
         self._sub_client = Redis.from_url(
-            url, socket_connect_timeout=timeout_s, driver_info=DriverInfo(lib_version=redis.__version__),
+            url,
+            socket_connect_timeout=timeout_s,
+            driver_info=DriverInfo(lib_version=redis.__version__),
         )
         self._closed = False
 
@@ -59,7 +63,7 @@ class RedisChannel:
         except RedisError as exc:
             raise LeasesUnavailable(f"Redis subscription lost: {exc}") from exc
         finally:
-            # Bounded: this runs on cancellation too, and a half-read subscription must not hang the canceller.
+            # Bounded: this runs on cancellation too; a half-read subscription must not hang the canceller.
             try:
                 async with asyncio.timeout(2):
                     await pubsub.aclose()  # type: ignore[no-untyped-call]

@@ -41,11 +41,18 @@ class RedisReadyIndex:
     consumer takes it over (the claim TTL: by then a live claimer has acknowledged)."""
 
     def __init__(
-        self, url: str, prefix: str = "tenure:", *, stale_s: float = 15.0, timeout_s: float = 5.0,
+        self,
+        url: str,
+        prefix: str = "tenure:",
+        *,
+        stale_s: float = 15.0,
+        timeout_s: float = 5.0,
         max_block_s: float = 5.0,
     ) -> None:
         self._client = Redis.from_url(
-            url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s + max_block_s,
+            url,
+            socket_connect_timeout=timeout_s,
+            socket_timeout=timeout_s + max_block_s,
             driver_info=DriverInfo(lib_version=redis.__version__),
         )
         self._prefix = prefix
@@ -66,7 +73,7 @@ class RedisReadyIndex:
                 continue
             try:
                 await self._client.xgroup_create(s, GROUP, id="0", mkstream=True)
-                # A group created now did not exist: first start, or the index was lost. Rebuild from the store.
+                # A group created now did not exist (first start, or the index was lost): rebuild it.
                 self.rebuild_needed = True
             except ResponseError as exc:
                 if "BUSYGROUP" not in str(exc):
@@ -80,8 +87,12 @@ class RedisReadyIndex:
         try:
             async with self._client.pipeline(transaction=False) as pipe:
                 for h in hints:
-                    pipe.xadd(self.stream(h.agent, h.priority > 0), {"job": h.job_id}, maxlen=MAXLEN,
-                              approximate=True)
+                    pipe.xadd(
+                        self.stream(h.agent, h.priority > 0),
+                        {"job": h.job_id},
+                        maxlen=MAXLEN,
+                        approximate=True,
+                    )
                 await pipe.execute()
         except RedisError as exc:
             raise StoreUnavailable(f"ready index publish failed: {exc}") from exc
@@ -127,7 +138,9 @@ class RedisReadyIndex:
                     out.append(self._delivery(s, entry_id, fields))
         return out
 
-    async def _read(self, consumer: str, streams: Sequence[str], count: int, block_ms: int | None) -> list[Delivery]:
+    async def _read(
+        self, consumer: str, streams: Sequence[str], count: int, block_ms: int | None
+    ) -> list[Delivery]:
         answer: Any = await self._client.xreadgroup(
             GROUP, consumer, {s: ">" for s in streams}, count=count, block=block_ms
         )
@@ -139,7 +152,7 @@ class RedisReadyIndex:
 
     def _delivery(self, stream: str, entry_id: Any, fields: Any) -> Delivery:
         job = fields.get(b"job", fields.get("job", b""))
-        agent = stream[len(self._prefix) + len("ready:"):].rsplit(":", 1)[0]
+        agent = stream[len(self._prefix) + len("ready:") :].rsplit(":", 1)[0]
         return Delivery(_text(job), agent, stream, _text(entry_id))
 
     async def ack(self, deliveries: Sequence[Delivery]) -> None:
