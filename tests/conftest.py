@@ -46,8 +46,8 @@ def _start_private_redis() -> subprocess.Popen[bytes] | None:
             with socket.create_connection(("127.0.0.1", port), timeout=0.2) as c:
                 c.sendall(b"PING\r\n")
                 if c.recv(16).startswith(b"+PONG"):
-                    url = f"redis://127.0.0.1:{port}/0"
-                    os.environ["TENURE_TEST_REDIS"] = os.environ["TENURE_TEST_REDIS_URL"] = url
+                    # Not a TENURE_* name: Settings.from_env rejects unknown TENURE_* variables.
+                    os.environ["PRIVATE_TEST_REDIS_URL"] = f"redis://127.0.0.1:{port}/0"
                     return proc
         except OSError:
             time.sleep(0.05)
@@ -57,7 +57,9 @@ def _start_private_redis() -> subprocess.Popen[bytes] | None:
 
 
 _PRIVATE_REDIS = _start_private_redis()
-REDIS_URL = os.environ.get("TENURE_TEST_REDIS", "redis://127.0.0.1:6379/0")
+REDIS_URL = os.environ.get("TENURE_TEST_REDIS") or os.environ.get(
+    "PRIVATE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0"
+)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -42,7 +42,10 @@ from tenure.backends.sqlite import SqliteStore
 from tenure.contracts.errors import LeasesUnavailable
 from tenure.contracts.store import LeaseRef, Leases
 
-REDIS_URL = os.environ.get("TENURE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+# tests/conftest.py starts a private redis-server (PRIVATE_TEST_REDIS_URL) unless one is named.
+REDIS_URL = os.environ.get("TENURE_TEST_REDIS_URL") or os.environ.get(
+    "PRIVATE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0"
+)
 
 # Test clients name their version, as `RedisLeases` does: otherwise redis-py reads it from the package
 # metadata (a blocking file read) on the event loop for every new connection.
