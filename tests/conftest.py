@@ -4,7 +4,11 @@ blocking call made on the event loop by the runtime's own code."""
 from __future__ import annotations
 
 import os
+import shutil
+import socket
+import subprocess
 import sys
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -17,7 +21,51 @@ from tenure.contracts.store import Store
 from tenure.settings import Settings
 
 PG_BASE = os.environ.get("TENURE_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
-REDIS_URL = os.environ.get("TENURE_TEST_REDIS", "redis://127.0.0.1:6379/0")
+
+
+def _start_private_redis() -> subprocess.Popen[bytes] | None:
+    """A redis-server of this test run's own, unless TENURE_TEST_REDIS(_URL) names one. The machine's shared
+    Redis is flushed by other test runs (FLUSHDB), which loses every lease of a test at once; tests of lease
+    lifetimes cannot share it. Started here, at import, so that module-level URLs (and the helper processes
+    that inherit the environment) see it; stopped in `pytest_unconfigure`."""
+    if "TENURE_TEST_REDIS" in os.environ or "TENURE_TEST_REDIS_URL" in os.environ:
+        return None
+    server = shutil.which("redis-server")
+    if server is None:
+        return None
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2) as c:
+                c.sendall(b"PING\r\n")
+                if c.recv(16).startswith(b"+PONG"):
+                    # Not a TENURE_* name: Settings.from_env rejects unknown TENURE_* variables.
+                    os.environ["PRIVATE_TEST_REDIS_URL"] = f"redis://127.0.0.1:{port}/0"
+                    return proc
+        except OSError:
+            time.sleep(0.05)
+    proc.kill()
+    proc.wait()
+    return None
+
+
+_PRIVATE_REDIS = _start_private_redis()
+REDIS_URL = os.environ.get("TENURE_TEST_REDIS") or os.environ.get(
+    "PRIVATE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0"
+)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _PRIVATE_REDIS is not None and _PRIVATE_REDIS.poll() is None:
+        _PRIVATE_REDIS.kill()
+        _PRIVATE_REDIS.wait()
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
 

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import os
 import socket
@@ -19,14 +20,17 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from tenure.backends.postgres import PostgresStore
+from tenure.backends.redis import RedisChannel, RedisLeases, RedisReadyIndex
 from tenure.backends.sqlite import SqliteStore
+from tenure.contracts.channel import Channel
 from tenure.contracts.errors import ConfigError, NotFound
 from tenure.contracts.states import JobState
-from tenure.contracts.store import Store
+from tenure.contracts.store import Leases, Store
 from tenure.contracts.types import Event, Job, JobFilter, WorkerInfo, parse_cursor
 from tenure.control.admission import Admission, AdmissionLimits, JobRequest
+from tenure.control.quotas import QuotaManager
 from tenure.kernel.registry import Tenure
-from tenure.settings import Settings
+from tenure.settings import Settings, load_quota_file
 
 
 def load_app(spec: str) -> Tenure:
@@ -143,9 +147,12 @@ async def connect(
         app = load_app(app or settings.app)
     store = await open_store(settings)
     limits = AdmissionLimits(max_input_bytes=settings.max_input_bytes, default_deadline_s=settings.default_deadline_s)
+    ready = open_ready_index(settings)
     try:
-        yield LocalClient(store, Admission(store, app.specs(), limits))
+        yield LocalClient(store, Admission(store, app.specs(), limits, ready_index=ready))
     finally:
+        if ready is not None:
+            await ready.close()
         await store.close()
 
 
@@ -195,19 +202,26 @@ async def serve_gateway(settings: Settings, host: str, port: int, *, inline: boo
     store = await open_store(settings)
     stop = asyncio.Event()
     worker_task: asyncio.Task[None] | None = None
+    inline_resources = contextlib.AsyncExitStack()
 
     async def on_start() -> None:
         nonlocal worker_task
         if inline:
             from tenure.worker import Worker
 
-            worker = Worker(store, app, worker_config(settings))
+            config = worker_config(settings)
+            quotas = await inline_resources.enter_async_context(open_quotas(settings, store, config.claim_ttl_s))
+            ready = open_ready_index(settings, config.claim_ttl_s)
+            if ready is not None:
+                inline_resources.push_async_callback(ready.close)
+            worker = Worker(store, app, config, quotas=quotas, ready_index=ready)
             worker_task = asyncio.create_task(worker.run(stop), name="inline-worker")
 
     async def on_stop() -> None:
         stop.set()
         if worker_task is not None:
             await worker_task
+        await inline_resources.aclose()
 
     gateway = Gateway(store, app.specs(), auth, gateway_config(settings), on_start=on_start, on_stop=on_stop)
     config = uvicorn.Config(
@@ -237,4 +251,42 @@ def worker_config(settings: Settings) -> Any:
         concurrency=settings.concurrency, heartbeat_s=settings.heartbeat_s, claim_ttl_s=settings.claim_ttl_s,
         sweep_interval_s=settings.sweep_interval_s, drain_timeout_s=settings.drain_timeout_s,
         poll_s=settings.poll_s, capabilities=settings.capabilities,
+        lag_interval_s=settings.lag_interval_s, stall_threshold_s=settings.stall_threshold_s,
+        degraded_lag_s=settings.degraded_lag_s, degraded_for_s=settings.degraded_for_s,
+    )
+
+
+# -- global quotas ----------------------------------------------------------------------------------------------------
+@asynccontextmanager
+async def open_quotas(settings: Settings, store: Store, ttl_s: float) -> AsyncIterator[QuotaManager]:
+    """The quota manager of one worker process: limits from tenure.toml (working directory) overridden by
+    TENURE_QUOTAS; leases on Redis when `TENURE_REDIS_URL` is set (with pub/sub wake-ups), else on the store's
+    `leases` table (waiters then poll)."""
+    specs = dict(await asyncio.to_thread(load_quota_file, "tenure.toml"))
+    specs.update(settings.quotas)
+    if settings.redis_url:
+        leases: Leases = RedisLeases(settings.redis_url, prefix=settings.redis_prefix + "lease:")
+        channel: Channel | None = RedisChannel(settings.redis_url, prefix=settings.redis_prefix + "chan:")
+    elif isinstance(store, Leases):
+        leases, channel = store, None
+    else:
+        raise ConfigError("quotas need a lease backend: set TENURE_REDIS_URL or use a SQL store")
+    try:
+        yield QuotaManager(leases, specs, ttl_s=ttl_s, channel=channel, poll_s=0.25 if channel is None else 1.0)
+    finally:
+        if channel is not None:
+            await channel.close()
+        if isinstance(leases, RedisLeases):
+            await leases.close()
+
+
+def open_ready_index(settings: Settings, stale_s: float | None = None) -> RedisReadyIndex | None:
+    """The Redis Streams ready index when `TENURE_REDIS_URL` is set (connections open lazily), else None.
+    `stale_s` (default: the claim TTL) is how long a delivery may stay unacknowledged before another worker
+    takes it over."""
+    if not settings.redis_url:
+        return None
+    return RedisReadyIndex(
+        settings.redis_url, prefix=settings.redis_prefix, stale_s=stale_s or settings.claim_ttl_s,
+        max_block_s=max(settings.poll_s, 0.05),
     )

@@ -14,7 +14,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from tenure.app import LocalClient, connect, load_app, open_store
+from tenure.app import LocalClient, connect, load_app, open_quotas, open_ready_index, open_store, worker_config
 from tenure.contracts.errors import ConfigError, InvalidRequest, NotFound, TenureError
 from tenure.contracts.states import JobState
 from tenure.contracts.types import Job
@@ -92,7 +92,7 @@ async def cmd_migrate(args: argparse.Namespace) -> int:
 
 async def cmd_worker(args: argparse.Namespace) -> int:
     from tenure.backends.sqlite import SqliteStore
-    from tenure.worker import Worker, WorkerConfig
+    from tenure.worker import Worker
     from tenure.worker.faults import Faults, stop_self
 
     settings = _settings(
@@ -101,13 +101,7 @@ async def cmd_worker(args: argparse.Namespace) -> int:
     )
     app = load_app(settings.app)
     faults = Faults.parse(settings.faults)
-    config = WorkerConfig(
-        concurrency=settings.concurrency, heartbeat_s=settings.heartbeat_s, claim_ttl_s=settings.claim_ttl_s,
-        sweep_interval_s=settings.sweep_interval_s, drain_timeout_s=settings.drain_timeout_s,
-        poll_s=settings.poll_s, capabilities=settings.capabilities,
-        lag_interval_s=settings.lag_interval_s, stall_threshold_s=settings.stall_threshold_s,
-        degraded_lag_s=settings.degraded_lag_s, degraded_for_s=settings.degraded_for_s,
-    )
+    config = worker_config(settings)
     store = await open_store(settings)
     if isinstance(store, SqliteStore):
         sqlite_store = store
@@ -131,15 +125,21 @@ async def cmd_worker(args: argparse.Namespace) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal, sig)
-    worker = Worker(store, app, config, faults=faults)
-    set_process_log_fields(role="worker", worker_id=worker.id)  # every line of this process, threads too
-    metrics_port = args.metrics_port if args.metrics_port is not None else _metrics_port(settings)
-    stop_metrics = await _serve_worker_metrics(worker, store, metrics_port, args.metrics_host)
+    ready = open_ready_index(settings, config.claim_ttl_s)
+    stop_metrics = None
     try:
-        await worker.run(stop)
+        async with open_quotas(settings, store, config.claim_ttl_s) as quotas:
+            worker = Worker(store, app, config, faults=faults, quotas=quotas, ready_index=ready)
+            set_process_log_fields(role="worker", worker_id=worker.id)  # every line of this process, threads too
+            metrics_port = args.metrics_port if args.metrics_port is not None else _metrics_port(settings)
+            stop_metrics = await _serve_worker_metrics(worker, store, metrics_port, args.metrics_host)
+            await worker.run(stop)
     finally:
+        if ready is not None:
+            await ready.close()
         await store.close()
-        await stop_metrics()
+        if stop_metrics is not None:
+            await stop_metrics()
     return 0
 
 

@@ -9,12 +9,15 @@
     converse            echo each input sent to the job until "bye"      (POST /v1/jobs/{id}/input)
     publish             ask for an approval, then publish or not         (POST /v1/jobs/{id}/approve)
     hang                sleep past its 0.5 s timeout (the circuit breaker counts the timeouts)
+    chat                stream a reply from the model at TENURE_MODEL_URL under the quota `llm:mock`
+                                                                         {"prompt": "hello", "max_tokens": 16}
 """
 
 from __future__ import annotations
 
 import asyncio
 import fcntl
+import json
 import os
 import time
 from typing import Any
@@ -133,3 +136,61 @@ async def hang(ctx: Context, input: Any) -> dict[str, Any]:
     circuit breaker for `hang` opens after TENURE_BREAKER_THRESHOLD of them within the window."""
     await asyncio.sleep(float(_arg(input, "seconds", 10.0)))
     return {"woke": True}
+
+
+# -- chat: a streamed model call under a global quota ------------------------------------------------------------
+DEFAULT_MODEL_URL = "http://127.0.0.1:8001/v1"
+_http: dict[str, Any] = {}
+
+
+async def _model_client(ctx: Context) -> Any:
+    """One httpx client per process. Built off the loop: creating it loads the TLS trust store from disk."""
+    import httpx
+
+    client = _http.get("client")
+    if client is None:
+        client = await ctx.to_thread(
+            httpx.AsyncClient, timeout=httpx.Timeout(30.0, connect=5.0),
+            limits=httpx.Limits(max_connections=64, max_keepalive_connections=64),
+        )
+        _http["client"] = client
+    return client
+
+
+@app.agent("chat", timeout=300, max_attempts=5, retry_safe=True)
+async def chat(ctx: Context, input: Any) -> dict[str, Any]:
+    """Stream a chat completion from the OpenAI-compatible model at `TENURE_MODEL_URL` (default the mock model
+    on port 8001) while holding one slot of the global quota `llm:mock`, emitting each token as a
+    `message.delta` event. The quota keeps the fleet's requests in flight under the model's own limit, so it
+    never answers 429; if it does anyway, the attempt fails and is retried. Retry-safe: a model call has no
+    side effect, so an attempt lost with its worker is simply run again."""
+    base = os.environ.get("TENURE_MODEL_URL", DEFAULT_MODEL_URL).rstrip("/")
+    body = {
+        "model": str(_arg(input, "model", "mock")),
+        "messages": [{"role": "user", "content": str(_arg(input, "prompt", "hello from tenure"))}],
+        "stream": True,
+        "max_tokens": int(_arg(input, "max_tokens", 16)),
+    }
+    client = await _model_client(ctx)
+    parts: list[str] = []
+    usage: dict[str, Any] = {}
+    async with ctx.quota(str(_arg(input, "quota", "llm:mock"))):
+        async with client.stream("POST", f"{base}/chat/completions", json=body) as response:
+            if response.status_code == 429:
+                raise RetryableError("the model answered 429 (over its concurrency limit)")
+            if response.status_code != 200:
+                await response.aread()
+                raise RetryableError(f"the model answered {response.status_code}: {response.text[:200]}")
+            async for line in response.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[len("data: "):])
+                usage = chunk.get("usage") or usage
+                for choice in chunk.get("choices", []):
+                    text = choice.get("delta", {}).get("content")
+                    if text:
+                        parts.append(text)
+                        await ctx.emit("message.delta", {"text": text})
+    if usage:
+        ctx.usage(input_tokens=usage.get("prompt_tokens", 0), output_tokens=usage.get("completion_tokens", 0))
+    return {"text": "".join(parts), "tokens": len(parts)}

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tenure.contracts.errors import ConfigError
+from tenure.contracts.quotas import QuotaSpec, parse_quotas, quotas_from_table
 
 
 def _pos_float(name: str, text: str) -> float:
@@ -95,6 +96,11 @@ class Settings:
     breaker_open_s: float = 60.0
     url: str | None = None
     extra: Mapping[str, str] = field(default_factory=dict)
+    # Global quotas (docs/quotas.md): TENURE_QUOTAS='llm:gpt-4o=8,llm:mock=8/fail-open', over tenure.toml.
+    quotas: Mapping[str, QuotaSpec] = field(default_factory=dict)
+    # Every Redis key and channel of this deployment starts with this prefix (two deployments, or test runs,
+    # can share one Redis server).
+    redis_prefix: str = "tenure:"
 
     def __post_init__(self) -> None:
         if self.claim_ttl_s < 3 * self.heartbeat_s:
@@ -161,6 +167,29 @@ _PARSERS: dict[str, Any] = {
     "breaker_window_s": _pos_float,
     "breaker_open_s": _pos_float,
     "url": _optional,
+    "quotas": lambda name, text: parse_quotas(text, name),
+    "redis_prefix": _text,
 }
-# Variables owned by layers that parse them themselves (gateway keys, quotas); known, so not an error.
-_OTHER_LAYERS = frozenset({"api_keys", "api_keys_file", "admin_key", "api_key", "quotas", "metrics_port"})
+# Variables owned by layers that parse them themselves (gateway keys); known, so not an error.
+_OTHER_LAYERS = frozenset({"api_keys", "api_keys_file", "admin_key", "api_key", "metrics_port"})
+
+
+def load_quota_file(path: str = "tenure.toml") -> dict[str, QuotaSpec]:
+    """The `[quotas]` table of a tenure.toml file (`{}` when the file does not exist). Blocking file I/O:
+    call it before the event loop starts, or through `asyncio.to_thread`."""
+    import tomllib
+
+    try:
+        with open(path, "rb") as f:
+            document = tomllib.load(f)
+    except FileNotFoundError:
+        return {}
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"{path}: {exc}") from exc
+    unknown = set(document) - {"quotas"}
+    if unknown:
+        raise ConfigError(f"{path}: unknown sections {sorted(unknown)} (known: quotas)")
+    table = document.get("quotas", {})
+    if not isinstance(table, dict):
+        raise ConfigError(f"{path}: [quotas] must be a table")
+    return quotas_from_table(table, f"{path} [quotas]")

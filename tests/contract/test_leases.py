@@ -29,17 +29,23 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+import asyncpg
 import pytest
 import redis.asyncio
 from redis.driver_info import DriverInfo
 from redis.exceptions import RedisError
 
 import tenure.backends.redis
+from tenure.backends.postgres import PostgresLeases, PostgresStore
 from tenure.backends.redis import RedisLeases
+from tenure.backends.sqlite import SqliteStore
 from tenure.contracts.errors import LeasesUnavailable
 from tenure.contracts.store import LeaseRef, Leases
 
-REDIS_URL = os.environ.get("TENURE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+# tests/conftest.py starts a private redis-server (PRIVATE_TEST_REDIS_URL) unless one is named.
+REDIS_URL = os.environ.get("TENURE_TEST_REDIS_URL") or os.environ.get(
+    "PRIVATE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0"
+)
 
 # Test clients name their version, as `RedisLeases` does: otherwise redis-py reads it from the package
 # metadata (a blocking file read) on the event loop for every new connection.
@@ -79,8 +85,66 @@ async def open_redis(namespace: str, *, drop: bool = True) -> AsyncIterator[Leas
             await leases.close()
 
 
+PG_BASE = os.environ.get("TENURE_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
+_SQLITE_DIR = Path(os.environ.get("TMPDIR", "/tmp"))
+
+
+def _sqlite_url(namespace: str) -> str:
+    return f"sqlite:///{_SQLITE_DIR}/tenure-test-leases-{namespace}.db"
+
+
+@asynccontextmanager
+async def open_sqlite(namespace: str, *, drop: bool = True) -> AsyncIterator[Leases]:
+    """`SqliteStore` on a database file of the namespace's own (created and migrated by the first opener,
+    which passes `drop=True`); dropping deletes the file."""
+    store = await SqliteStore.connect(_sqlite_url(namespace))
+    try:
+        if drop:
+            await store.migrate()
+        yield store
+    finally:
+        await store.close()
+        if drop:
+            for suffix in ("", "-wal", "-shm"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(f"{_SQLITE_DIR}/tenure-test-leases-{namespace}.db{suffix}")
+
+
+@asynccontextmanager
+async def open_postgres(namespace: str, *, drop: bool = True) -> AsyncIterator[Leases]:
+    """`PostgresLeases` (one connection) on a schema of the namespace's own, created and migrated by the
+    first opener (`drop=True`), which drops it on exit. One connection per process keeps fifty contenders
+    well inside the server's connection limit, which other test runs share."""
+    schema = f"tl_{namespace[:16]}"
+    url = f"{PG_BASE}?search_path={schema}"
+    if drop:
+        conn = await asyncpg.connect(PG_BASE)
+        try:
+            await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")
+        finally:
+            await conn.close()
+        store = await PostgresStore.connect(url, pool_size=1)
+        try:
+            await store.migrate()
+        finally:
+            await store.close()
+    leases = await PostgresLeases.connect(url)
+    try:
+        yield leases
+    finally:
+        await leases.close()
+        if drop:
+            conn = await asyncpg.connect(PG_BASE)
+            try:
+                await conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+            finally:
+                await conn.close()
+
+
 BACKENDS: dict[str, LeaseFactory] = {
+    "postgres": open_postgres,
     "redis": open_redis,
+    "sqlite": open_sqlite,
 }
 
 
@@ -214,6 +278,23 @@ async def test_renew_of_an_expired_lease_reports_it_lost_even_if_nobody_took_the
     assert await leases.acquire("k", "late", limit=1, ttl_s=0.2)
     await asyncio.sleep(0.4)
     assert await leases.renew([LeaseRef("k", "late")], ttl_s=30) == [LeaseRef("k", "late")]
+    assert await leases.holders("k") == []
+
+
+async def test_holders_are_listed_soonest_expiry_first(leases: Leases) -> None:
+    assert await leases.acquire("k", "z-long", limit=3, ttl_s=60)
+    assert await leases.acquire("k", "a-short", limit=3, ttl_s=20)
+    assert await leases.acquire("k", "m-mid", limit=3, ttl_s=40)
+    assert await leases.holders("k") == ["a-short", "m-mid", "z-long"]
+
+
+async def test_a_negative_limit_or_a_non_positive_ttl_is_a_value_error(leases: Leases) -> None:
+    with pytest.raises(ValueError):
+        await leases.acquire("k", "a", limit=-1, ttl_s=30)
+    with pytest.raises(ValueError):
+        await leases.acquire("k", "a", limit=1, ttl_s=0)
+    with pytest.raises(ValueError):
+        await leases.renew([LeaseRef("k", "a")], ttl_s=-1)
     assert await leases.holders("k") == []
 
 

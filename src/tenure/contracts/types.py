@@ -75,6 +75,8 @@ class AgentSpec:
     retry_safe: bool = False
     requires: frozenset[str] = frozenset()
     priority: int = 0
+    worker_quota: str | None = None
+    """A global quota whose slot a worker must hold *before* it claims a job of this agent (seed 003 §3.1)."""
 
 
 @dataclass(frozen=True, slots=True)

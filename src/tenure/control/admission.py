@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tenure.contracts.errors import InputTooLarge, InvalidRequest, UnknownAgent
+from tenure.contracts.errors import InputTooLarge, InvalidRequest, StoreUnavailable, UnknownAgent
+from tenure.contracts.ready import ReadyHint, ReadyIndex
 from tenure.contracts.store import Store
 from tenure.contracts.types import DEFAULT_TENANT, AgentSpec, Enqueued, NewJob, new_id
 
@@ -59,9 +61,12 @@ def _is_int(v: Any) -> bool:
 class Admission:
     """Validates requests against the registered agents and limits, then enqueues them."""
 
-    def __init__(self, store: Store, agents: Mapping[str, AgentSpec], limits: AdmissionLimits | None = None) -> None:
+    def __init__(self, store: Store, agents: Mapping[str, AgentSpec], limits: AdmissionLimits | None = None,
+                 ready_index: ReadyIndex | None = None) -> None:
         self.store = store
         self.agents = dict(agents)
+        # Optional accelerator: new jobs are hinted to the ready index after the store committed them.
+        self.ready_index = ready_index
         self.limits = limits or AdmissionLimits()
 
     def build(self, req: JobRequest) -> NewJob:
@@ -116,13 +121,29 @@ class Admission:
 
     async def submit(self, req: JobRequest) -> Enqueued:
         """Validate and enqueue one job."""
-        (out,) = await self.store.enqueue([self.build(req)])
+        job = self.build(req)
+        (out,) = await self.store.enqueue([job])
+        await self._hint([job], [out])
         return out
 
     async def submit_many(self, reqs: Iterable[JobRequest]) -> list[Enqueued]:
         """Validate every request first (all or nothing), then enqueue them in one batch."""
         jobs = [self.build(r) for r in reqs]
-        return await self.store.enqueue(jobs)
+        out = await self.store.enqueue(jobs)
+        await self._hint(jobs, out)
+        return out
+
+    async def _hint(self, jobs: list[NewJob], enqueued: list[Enqueued]) -> None:
+        """Publish ready hints for the jobs created now. The index is an accelerator: if it is down, workers
+        find the jobs by polling the store, so a failure here is logged, never raised."""
+        if self.ready_index is None:
+            return
+        created = {e.job_id for e in enqueued if e.created}
+        hints = [ReadyHint(j.id, j.agent, j.priority) for j in jobs if j.id in created]
+        try:
+            await self.ready_index.publish(hints)
+        except StoreUnavailable as exc:
+            logging.getLogger("tenure.admission").warning("ready index unavailable, workers will poll: %s", exc)
 
 
 def _tags(tags: Iterable[str]) -> frozenset[str]:

@@ -11,6 +11,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol, TypeVar
 
 from tenure.contracts.types import dumps
@@ -50,6 +51,18 @@ class ExecutionPort(Protocol):
     async def wait_command(self, kind: str, prompt: Any) -> Any:
         """Wait for the next persisted command of `kind` (`input`, `approve`) and return its payload. While it
         waits the job is `waiting` and the execution holds no worker slot."""
+
+    # -- global quotas (docs/quotas.md) -----------------------------------------------------------------------------
+    def quota(self, key: str, wait: bool, timeout_s: float | None) -> AbstractAsyncContextManager[object]:
+        """One slot of the named global quota `key` for the duration of an `async with` block."""
+        ...
+
+    async def pause_quotas(self) -> None:
+        """Release every quota lease of this execution while it waits (approval, input)."""
+        ...
+
+    async def resume_quotas(self) -> None:
+        """Take back the released quota slots before the execution continues."""
         ...
 
 
@@ -141,3 +154,19 @@ class Context:
         `prompt` travels in the `job.waiting` event. Returns True when approved, False when rejected."""
         answer = await self._port.wait_command("approve", prompt)
         return bool(answer.get("approved", False)) if isinstance(answer, dict) else bool(answer)
+
+    # -- global quotas (docs/quotas.md) -----------------------------------------------------------------------------
+    def quota(
+        self, key: str, *, wait: bool = True, timeout_s: float | None = None
+    ) -> AbstractAsyncContextManager[object]:
+        """Hold one slot of the global quota `key` (configured in TENURE_QUOTAS or tenure.toml) for a block:
+
+            async with ctx.quota("llm:gpt-4o"):
+                ...  # call the model
+
+        `wait=False` raises `QuotaExhausted` at once when every slot is held; `wait=True` waits in a FIFO line
+        shared by all workers, up to `timeout_s` (None: no limit). If the lease is lost (not renewed in time),
+        the block is cancelled and raises `LeaseLost`: the upstream call must not continue on it. When the
+        lease backend is down, a fail-closed key raises `QuotaUnavailable`; a fail-open key runs unleased.
+        """
+        return self._port.quota(key, wait, timeout_s)

@@ -59,12 +59,15 @@ class Tenure:
         max_attempts: int = 3,
         retry_safe: bool = False,
         priority: int = 0,
+        worker_quota: str | None = None,
     ) -> Callable[[Handler], Handler]:
         """Register the decorated function as an agent.
 
         `requires`: capability tags a worker must have to run it. `timeout`: seconds before an execution is
         stopped and counted as a retryable failure. `max_attempts`: executions before the job is dead.
         `retry_safe`: a run lost mid-way may be started again (its effects are idempotent or journaled).
+        `worker_quota`: a configured global quota (e.g. "gpu-pool") of which a worker must hold a slot before
+        it claims a job of this agent; the slot is held for the whole execution (docs/quotas.md).
         """
 
         def register(fn: Handler) -> Handler:
@@ -80,6 +83,7 @@ class Tenure:
             spec = AgentSpec(
                 name=agent_name, max_attempts=max_attempts, timeout_s=timeout, retry_safe=retry_safe,
                 requires=check_tags(requires, f"agent {agent_name!r}"), priority=priority,
+                worker_quota=worker_quota,
             )
             self._agents[agent_name] = Agent(spec, fn, inspect.iscoroutinefunction(fn))
             return fn

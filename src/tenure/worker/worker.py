@@ -21,6 +21,7 @@ import os
 import socket
 import time
 from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -29,16 +30,20 @@ from tenure.contracts.errors import (
     JobCancelled,
     OwnershipLost,
     PermanentError,
+    QuotaExhausted,
+    QuotaUnavailable,
     StoreUnavailable,
     TenureError,
 )
+from tenure.contracts.ready import Delivery, ReadyHint, ReadyIndex
 from tenure.contracts.states import JobState, WorkerState
-from tenure.contracts.store import Leases, Store
+from tenure.contracts.store import LeaseRef, Leases, Store
 from tenure.contracts.types import (
     Claim,
     Command,
     Fence,
     Finish,
+    JobFilter,
     NewEvent,
     Start,
     Started,
@@ -46,6 +51,7 @@ from tenure.contracts.types import (
     dumps,
     new_id,
 )
+from tenure.control.quotas import ExecutionQuotas, QuotaManager
 from tenure.control.retry import backoff_s
 from tenure.kernel.blocking import BlockingAdapter, ProcessAdapter
 from tenure.kernel.context import Context
@@ -176,7 +182,7 @@ class _Execution:
 
     __slots__ = (
         "agent", "attempt", "cancel_requested", "claim", "command_seq", "commands", "commands_ready", "execution_id",
-        "fence", "finishing", "lost", "seq", "started_at", "task", "unwritten", "usage", "worker",
+        "fence", "finishing", "lost", "quotas", "seq", "started_at", "task", "unwritten", "usage", "worker",
     )
 
     def __init__(self, worker: Worker, claim: Claim, started: Started, agent: Agent) -> None:
@@ -197,6 +203,9 @@ class _Execution:
         self.command_seq = 0  # the last command read from the store
         self.commands: list[Command] = []  # read, not yet consumed (another kind than the one awaited)
         self.commands_ready = asyncio.Event()  # set by the control loop when a new command is persisted
+        self.quotas: ExecutionQuotas | None = (
+            worker.quotas.for_execution(self.execution_id) if worker.quotas is not None else None
+        )
 
     # -- ExecutionPort -------------------------------------------------------------------------------------------
     def check(self) -> None:
@@ -284,6 +293,19 @@ class _Execution:
             await self._set_waiting(False, {"command": kind, "seq": command.seq})
         return command.payload
 
+    def quota(self, key: str, wait: bool, timeout_s: float | None) -> AbstractAsyncContextManager[object]:
+        if self.quotas is None:
+            raise ConfigError(f"quota {key!r} requested, but this worker has no quota backend")
+        return self.quotas.quota(key, wait=wait, timeout_s=timeout_s)
+
+    async def pause_quotas(self) -> None:
+        if self.quotas is not None:
+            await self.quotas.pause()
+
+    async def resume_quotas(self) -> None:
+        if self.quotas is not None:
+            await self.quotas.resume()
+
 
 class Worker:
     """One worker incarnation. `await Worker(store, app, config).run(stop_event)`."""
@@ -297,12 +319,36 @@ class Worker:
         leases: Leases | None = None,
         faults: Faults | None = None,
         worker_id: str | None = None,
+        quotas: QuotaManager | None = None,
+        ready_index: ReadyIndex | None = None,
     ) -> None:
         self.store = store
         self.app = app
         self.config = config or WorkerConfig()
         self.leases: Leases | None = leases
         self.faults = faults or Faults()
+        # Global quotas (control/quotas.py): renewed by the heartbeat, one round trip per lease backend. Without
+        # a configured manager, quotas live on the store's leases table and no key is configured.
+        store_leases = _store_leases(store)
+        self.quotas: QuotaManager | None = quotas or (
+            QuotaManager(store_leases, {}, ttl_s=self.config.claim_ttl_s) if store_leases is not None else None
+        )
+        # The ready index (Redis Streams) only wakes this worker and hints candidates; claims stay the store's
+        # conditional UPDATE, and the store is polled whenever the index is down or silent.
+        self.ready_index = ready_index
+        self._index_down_until = 0.0
+        # Agents declaring a global worker quota are claimed only with a slot of it already held.
+        self._quota_agents: dict[str, list[str]] = {}
+        for name, agent in sorted(app.agents.items()):
+            if agent.spec.worker_quota is not None:
+                self._quota_agents.setdefault(agent.spec.worker_quota, []).append(name)
+        self._plain_agents = [a for a in sorted(app.agents) if app.agents[a].spec.worker_quota is None]
+        self._worker_slots: dict[str, LeaseRef] = {}  # job id → the worker-quota slot held for it
+        self._worker_slot_seq = 0
+        for key in self._quota_agents:
+            if self.quotas is None:
+                raise ConfigError(f"worker quota {key!r} needs a quota backend")
+            self.quotas.spec(key)  # an unconfigured worker quota is a start-up error
         self.host = socket.gethostname()
         self.id = worker_id or f"{self.host}:{os.getpid()}:{new_id()[-8:]}"
         self.agents = sorted(app.agents)
@@ -348,14 +394,18 @@ class Worker:
             sweeper = loops.create_task(self._sweeper_loop(), name="sweeper")
             lag_sampler = loops.create_task(self._obs.sampler.run(), name="lag-sampler")
             control = loops.create_task(self._control_loop(), name="control")
+            quota_wakeups = loops.create_task(self._quota_wakeups(), name="quota-wakeups")
             async with asyncio.TaskGroup() as executions:
                 self._executions = executions
-                claimer = executions.create_task(self._claim_loop(), name="claim-loop")
+                claimer = executions.create_task(
+                    self._claim_loop() if self.ready_index is None else self._claim_loop_indexed(), name="claim-loop"
+                )
                 await stop.wait()
                 await self._drain(claimer)
             self._executions = None
             sweeper.cancel()
             control.cancel()
+            quota_wakeups.cancel()
             await self._writer.close()
             await writer
             heartbeat.cancel()
@@ -373,7 +423,7 @@ class Worker:
                 await self._wait_any(self._slot_freed.wait(), cfg.poll_s)
                 continue
             try:
-                claims = await self.store.claim(self.id, self.agents, cfg.capabilities, free, cfg.claim_ttl_s)
+                claims = await self._claim(free)
             except StoreUnavailable as exc:
                 log.warning("claim failed: %s", exc)
                 await self._wait_any(self._stopping.wait(), cfg.poll_s)
@@ -389,6 +439,171 @@ class Worker:
             if self._stopping.is_set():
                 return  # draining: these claims stay unstarted and are released by _drain
             await self._start(claims)
+            await self._settle_worker_slots()
+
+    async def _claim_loop_indexed(self) -> None:
+        """The claim loop with a ready index (seed 003's rule): reserve capacity first, then read at most that
+        many hints, then claim in the store; acknowledge a hint once its claim succeeded or proved the job gone.
+        The store claim also runs without hints, so a job the index never heard of is still found."""
+        cfg = self.config
+        index = self.ready_index
+        assert index is not None
+        loop = asyncio.get_running_loop()
+        while not self._stopping.is_set():
+            free = cfg.concurrency - self._busy
+            if free <= 0 or self.state is not WorkerState.ACTIVE:
+                self._slot_freed.clear()
+                await self._wait_any(self._slot_freed.wait(), cfg.poll_s)
+                continue
+            deliveries: list[Delivery] = []
+            index_up = loop.time() >= self._index_down_until
+            if index_up:
+                try:
+                    if index.rebuild_needed:
+                        await self._rebuild_ready_index()
+                    deliveries = await index.take(self.id, self.agents, free, cfg.poll_s)
+                except StoreUnavailable as exc:
+                    log.warning("ready index unavailable, polling the store: %s", exc)
+                    self._index_down_until = loop.time() + max(1.0, cfg.poll_s)
+                    index_up = False
+            if self._stopping.is_set():
+                return  # hints taken now stay pending and are handed over after the claim TTL
+            try:
+                claims = await self._claim(free)
+            except StoreUnavailable as exc:
+                log.warning("claim failed: %s", exc)
+                await self._wait_any(self._stopping.wait(), cfg.poll_s)
+                continue
+            await self._ack_hints(deliveries, {c.fence.job_id for c in claims})
+            if not claims:
+                if not index_up:
+                    await self._wait_any(self.store.wait_for_jobs(cfg.poll_s), cfg.poll_s)
+                continue
+            self._busy += len(claims)
+            for c in claims:
+                self._claimed[c.fence.job_id] = c
+            await self.faults.hit("after_claim", {c.agent for c in claims}, self._stopping)
+            if self._stopping.is_set():
+                return
+            await self._start(claims)
+            await self._settle_worker_slots()
+
+    async def _claim(self, free: int) -> list[Claim]:
+        """Claim up to `free` jobs. Jobs of agents with a worker quota are claimed only for slots of it taken
+        first (wait=False: a worker never claims and then waits for a slot)."""
+        cfg = self.config
+        if not self._quota_agents:
+            return await self.store.claim(self.id, self.agents, cfg.capabilities, free, cfg.claim_ttl_s)
+        claims: list[Claim] = []
+        if self._plain_agents:
+            claims = await self.store.claim(self.id, self._plain_agents, cfg.capabilities, free, cfg.claim_ttl_s)
+        for key, agents in self._quota_agents.items():
+            left = free - len(claims)
+            if left <= 0:
+                break
+            slots = await self._reserve_worker_slots(key, left)
+            if not slots:
+                continue
+            got: list[Claim] = []
+            try:
+                got = await self.store.claim(self.id, agents, cfg.capabilities, len(slots), cfg.claim_ttl_s)
+            except StoreUnavailable as exc:
+                if not claims:
+                    raise
+                log.warning("claim failed: %s", exc)  # keep the claims already made
+            finally:
+                for ref in slots[len(got):]:
+                    await self._release_worker_slot(ref)
+            for c, ref in zip(got, slots, strict=False):
+                self._worker_slots[c.fence.job_id] = ref
+                self._track_worker_slot(c.fence.job_id, ref)
+            claims.extend(got)
+        return claims
+
+    async def _reserve_worker_slots(self, key: str, count: int) -> list[LeaseRef]:
+        quotas = self.quotas
+        assert quotas is not None
+        spec = quotas.spec(key)
+        slots: list[LeaseRef] = []
+        for _ in range(count):
+            self._worker_slot_seq += 1
+            ref = LeaseRef(key, f"{self.id}:slot:{self._worker_slot_seq}")
+            try:
+                leased = await quotas.acquire(spec, ref.holder, wait=False, timeout_s=None)
+            except (QuotaExhausted, QuotaUnavailable):
+                break
+            if leased:
+                slots.append(ref)
+            else:  # fail-open: the backend is down; proceed unleased for this one claim
+                slots.append(LeaseRef(key, ""))
+                break
+        return slots
+
+    def _track_worker_slot(self, job_id: str, ref: LeaseRef) -> None:
+        if ref.holder and self.quotas is not None:
+            # A worker slot lost at renewal stops its execution, like a lost claim.
+            self.quotas._track(ref, lambda: self._lose(job_id))
+
+    async def _release_worker_slot(self, ref: LeaseRef) -> None:
+        if ref.holder and self.quotas is not None:
+            await self.quotas.release(ref)
+
+    async def _settle_worker_slots(self) -> None:
+        """Give back the worker-quota slots of jobs this worker no longer holds (start failed, ended)."""
+        for job_id in [j for j in self._worker_slots if j not in self._claimed and j not in self._running]:
+            await self._release_worker_slot(self._worker_slots.pop(job_id))
+
+    async def _ack_hints(self, deliveries: list[Delivery], claimed: set[str]) -> None:
+        """Acknowledge the hints whose job this worker claimed, or which no longer name a claimable job. A
+        hint of a job still claimable (claimed by nobody yet) stays pending for another consumer."""
+        if not deliveries or self.ready_index is None:
+            return
+        done = []
+        for d in deliveries:
+            if d.job_id in claimed:
+                done.append(d)
+                continue
+            try:
+                job = await self.store.get_job(d.job_id)
+            except StoreUnavailable:
+                continue
+            if job is None or job.state is not JobState.QUEUED or job.owner is not None:
+                done.append(d)
+        with contextlib.suppress(StoreUnavailable):
+            await self.ready_index.ack(done)
+
+    async def _hint_ready(self, job_ids: list[str]) -> None:
+        """Tell the ready index about jobs that became claimable (released, requeued, due)."""
+        if self.ready_index is None or not job_ids:
+            return
+        hints = []
+        for job_id in job_ids:
+            with contextlib.suppress(StoreUnavailable):
+                job = await self.store.get_job(job_id)
+                if job is not None and job.state is JobState.QUEUED:
+                    hints.append(ReadyHint(job.id, job.agent, job.priority))
+        with contextlib.suppress(StoreUnavailable):
+            await self.ready_index.publish(hints)
+
+    async def _rebuild_ready_index(self) -> None:
+        """The index was lost (or is new): re-publish every queued, unowned job of this worker's agents from
+        the store, the truth. Duplicates are harmless: a hint of a job already claimed is acknowledged."""
+        index = self.ready_index
+        assert index is not None
+        index.rebuild_needed = False
+        hints: list[ReadyHint] = []
+        before = None
+        while True:
+            page = await self.store.list_jobs(JobFilter(state=JobState.QUEUED, before=before, limit=500))
+            hints += [ReadyHint(j.id, j.agent, j.priority) for j in page if j.owner is None and j.agent in self.agents]
+            if len(page) < 500:
+                break
+            before = page[-1].id
+        # Pages come newest first; publish oldest first, the order in which the store claim takes them.
+        hints.reverse()
+        for i in range(0, len(hints), 500):
+            await index.publish(hints[i : i + 500])
+        log.info("ready index rebuilt from the store: %d hints", len(hints))
 
     async def _wait_any(self, aw: Any, wait_s: float) -> None:
         """Wait for `aw` or for stop, at most `wait_s` seconds."""
@@ -513,6 +728,13 @@ class Worker:
             if slot_held:
                 self._free_slot()
             self._running.pop(claim.fence.job_id, None)
+            if ex.quotas is not None and ex.quotas.blocks:
+                with contextlib.suppress(Exception):
+                    await ex.quotas.release_all()
+            worker_slot = self._worker_slots.pop(claim.fence.job_id, None)
+            if worker_slot is not None:
+                with contextlib.suppress(Exception):
+                    await self._release_worker_slot(worker_slot)
 
     def _finish(
         self, ex: _Execution, state: JobState, *, result_json: str | None = None, error_code: str | None = None,
@@ -589,6 +811,28 @@ class Worker:
             self.state = self._obs.liveness(self.state)
         self._obs.show_state(self.state)
 
+    async def renew_quotas(self) -> None:
+        """Renew every quota lease of this process in one round trip; a lost one cancels its holding block."""
+        if self.quotas is not None:
+            await self.quotas.renew()
+
+    async def _quota_wakeups(self) -> None:
+        if self.quotas is not None:
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(self.quotas.run(), name="quota-listener")
+                tg.create_task(self._quota_heartbeat_loop(), name="quota-heartbeat")
+
+    async def _quota_heartbeat_loop(self) -> None:
+        """The heartbeat's quota half, on the same interval but its own task, so a slow store round trip never
+        delays the renewal of quota leases (a lease renewed late is lost, and its slot handed to another)."""
+        while True:
+            await asyncio.sleep(self.config.heartbeat_s)
+            await self.renew_quotas()
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                # A cancellation absorbed by the Redis driver mid-renewal must still stop this loop.
+                raise asyncio.CancelledError
+
     async def heartbeat_once(self) -> None:
         """One heartbeat round trip: renew every held claim, learn of losses and cancel requests."""
         cfg = self.config
@@ -644,6 +888,7 @@ class Worker:
             try:
                 if duty is not None and await duty.acquire(SWEEPER_DUTY, self.id, 1, cfg.claim_ttl_s):
                     report = await self.store.sweep(cfg.worker_ttl_s)
+                    await self._hint_ready(report.released + report.requeued + report.due)
                     if report.total():
                         log.info("sweep: %s", {k: len(v) for k, v in report.as_dict().items() if v})
                     self._obs.swept(report)
@@ -667,6 +912,7 @@ class Worker:
             for f in unstarted:
                 if self._claimed.pop(f.job_id, None) is not None:
                     self._free_slot()
+        await self._settle_worker_slots()
         tasks = [e.task for e in self._running.values() if e.task is not None]
         if tasks:
             log.info("drain: waiting up to %.0fs for %d running jobs", self.config.drain_timeout_s, len(tasks))

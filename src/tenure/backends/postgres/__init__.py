@@ -1,5 +1,6 @@
-"""The PostgreSQL store (asyncpg): the production backend."""
+"""The PostgreSQL store (asyncpg): the production backend; `PostgresLeases` for lease-only processes."""
 
+from tenure.backends.postgres.leases import PostgresLeases
 from tenure.backends.postgres.store import PostgresStore
 
-__all__ = ["PostgresStore"]
+__all__ = ["PostgresLeases", "PostgresStore"]

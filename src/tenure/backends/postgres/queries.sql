@@ -384,8 +384,8 @@ RETURNING l.key, l.holder
 DELETE FROM leases WHERE key = $1 AND holder = $2
 
 -- name: lease_holders --
--- Unexpired holders of a key.
-SELECT holder FROM leases WHERE key = $1 AND expires_at > now() ORDER BY holder
+-- Unexpired holders of a key, soonest expiry first.
+SELECT holder FROM leases WHERE key = $1 AND expires_at > now() ORDER BY expires_at, holder
 
 -- name: server_time --
 -- The server's clock.

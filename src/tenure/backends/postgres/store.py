@@ -18,6 +18,7 @@ from typing import Any
 import asyncpg
 
 from tenure.backends._queries import load_migrations, load_queries
+from tenure.backends.postgres import _lease_ops
 from tenure.contracts.errors import (
     IdempotencyConflict,
     IllegalTransition,
@@ -652,22 +653,16 @@ class PostgresStore:
         return out
 
     # -- leases -------------------------------------------------------------------------------------------------------
+    # The statements live in `_lease_ops` so that `PostgresLeases` (a lease backend on its own tiny pool) runs
+    # exactly the same SQL.
     async def acquire(self, key: str, holder: str, limit: int, ttl_s: float) -> bool:
-        async with self._conn("lease acquire") as conn:
-            return bool(await conn.fetchval(Q["lease_acquire"], key, holder, limit, ttl_s))
+        return await _lease_ops.acquire(self._pool, key, holder, limit, ttl_s)
 
     async def renew(self, held: Sequence[LeaseRef], ttl_s: float) -> list[LeaseRef]:
-        if not held:
-            return []
-        async with self._conn("lease renew") as conn:
-            rows = await conn.fetch(Q["lease_renew"], [h.key for h in held], [h.holder for h in held], ttl_s)
-        renewed = {(r[0], r[1]) for r in rows}
-        return [h for h in held if (h.key, h.holder) not in renewed]
+        return await _lease_ops.renew(self._pool, held, ttl_s)
 
     async def release(self, key: str, holder: str) -> None:
-        async with self._conn("lease release") as conn:
-            await conn.execute(Q["lease_release"], key, holder)
+        await _lease_ops.release(self._pool, key, holder)
 
     async def holders(self, key: str) -> list[str]:
-        async with self._conn("lease holders") as conn:
-            return [r[0] for r in await conn.fetch(Q["lease_holders"], key)]
+        return await _lease_ops.holders(self._pool, key)

@@ -1,5 +1,8 @@
-"""Redis backends: named lease slots (`RedisLeases`) on a single Redis server (not Redis Cluster)."""
+"""Redis backends on a single Redis server (not Redis Cluster): named lease slots (`RedisLeases`) and the live
+channel (`RedisChannel`, pub/sub)."""
 
+from tenure.backends.redis.channel import RedisChannel
 from tenure.backends.redis.leases import RedisLeases
+from tenure.backends.redis.ready_index import RedisReadyIndex
 
-__all__ = ["RedisLeases"]
+__all__ = ["RedisChannel", "RedisLeases", "RedisReadyIndex"]

@@ -222,8 +222,8 @@ UPDATE leases SET expires_at = {now} + ?3 WHERE key = ?1 AND holder = ?2 AND exp
 DELETE FROM leases WHERE key = ? AND holder = ?
 
 -- name: lease_holders --
--- Unexpired holders of a key.
-SELECT holder FROM leases WHERE key = ? AND expires_at > {now} ORDER BY holder
+-- Unexpired holders of a key, soonest expiry first.
+SELECT holder FROM leases WHERE key = ? AND expires_at > {now} ORDER BY expires_at, holder
 
 -- name: server_time --
 -- SQLite's clock.

@@ -43,6 +43,7 @@ from tenure.contracts.errors import (
     ConfigError,
     IdempotencyConflict,
     IllegalTransition,
+    LeasesUnavailable,
     MigrationError,
     NotFound,
     StoreUnavailable,
@@ -759,7 +760,17 @@ class SqliteStore:
             interval = min(interval * 2, _EVENTS_POLL_MAX_S)
 
     # -- leases -------------------------------------------------------------------------------------------------------
+    async def _lease_run(self, fn: Callable[[], T], what: str) -> T:
+        """Run a lease operation; its failures are `LeasesUnavailable` (the quota layer's fail policy keys on
+        it), still a `StoreUnavailable` for callers that guard the whole store."""
+        try:
+            return await self._run(fn, what)
+        except StoreUnavailable as exc:
+            raise LeasesUnavailable(str(exc)) from (exc.__cause__ or exc)
+
     async def acquire(self, key: str, holder: str, limit: int, ttl_s: float) -> bool:
+        _check_lease_args(limit, ttl_s)
+
         def fn(db: sqlite3.Connection) -> bool:
             db.execute(Q["lease_purge"], (key,))
             if db.execute(Q["lease_refresh"], (key, holder, ttl_s)).rowcount == 1:
@@ -769,22 +780,27 @@ class SqliteStore:
             db.execute(Q["lease_insert"], (key, holder, ttl_s))
             return True
 
-        return await self._run(lambda: self._tx(fn), "lease acquire")
+        return await self._lease_run(lambda: self._tx(fn), "lease acquire")
 
     async def renew(self, held: Sequence[LeaseRef], ttl_s: float) -> list[LeaseRef]:
+        _check_lease_args(0, ttl_s)
         if not held:
             return []
 
         def fn(db: sqlite3.Connection) -> list[LeaseRef]:
             return [h for h in held if db.execute(Q["lease_renew"], (h.key, h.holder, ttl_s)).rowcount != 1]
 
-        return await self._run(lambda: self._tx(fn), "lease renew")
+        return await self._lease_run(lambda: self._tx(fn), "lease renew")
 
     async def release(self, key: str, holder: str) -> None:
-        await self._run(lambda: self._tx(lambda db: db.execute(Q["lease_release"], (key, holder))), "lease release")
+        await self._lease_run(
+            lambda: self._tx(lambda db: db.execute(Q["lease_release"], (key, holder))), "lease release"
+        )
 
     async def holders(self, key: str) -> list[str]:
-        rows = await self._run(lambda: self._read(lambda db: db.execute(Q["lease_holders"], (key,)).fetchall()))
+        rows = await self._lease_run(
+            lambda: self._read(lambda db: db.execute(Q["lease_holders"], (key,)).fetchall()), "lease holders"
+        )
         return [r[0] for r in rows]
 
 
@@ -847,6 +863,11 @@ class _TurnWait:
     def __init__(self) -> None:
         self.acquired = False
         self.abandoned = False
+def _check_lease_args(limit: int, ttl_s: float) -> None:
+    if limit < 0:
+        raise ValueError(f"limit must be >= 0, got {limit}")
+    if not ttl_s > 0:
+        raise ValueError(f"ttl_s must be > 0, got {ttl_s}")
 
 
 def _split_sql(script: str) -> list[str]:

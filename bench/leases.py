@@ -1,0 +1,301 @@
+"""Benchmark of the global quota: lease round trips per backend, and jobs under a quota end to end.
+
+    .venv/bin/python bench/leases.py                     # both parts
+    .venv/bin/python bench/leases.py --part leases --seconds 3
+    .venv/bin/python bench/leases.py --part jobs --jobs 2000
+
+Part 1 (`leases`): acquire + release pairs per second on each `Leases` backend (Redis, PostgreSQL, SQLite)
+with 1 and 50 concurrent clients (coroutines of this process, each its own holder, on one key whose limit
+never refuses), next to a bare `EVALSHA` of a script that only returns, measured in the same run with the
+same client library and concurrency. A pair is two round trips (acquire script + ZREM), so the comparison
+is `2 × pairs/s` (lease round trips/s) against bare EVALSHA round trips/s.
+
+Part 2 (`jobs`): N jobs that each hold the quota `bench:q` (limit 8) for 50 ms, run by 2 `tenure worker`
+processes (concurrency 8 each, so the quota, not the workers, is the bound) on PostgreSQL with Redis leases.
+Theoretical ceiling: 8 / 0.05 s = 160 jobs/s. Reported from the database's clock: first start → last finish.
+
+Writes bench/results/leases.json. Uses a scratch PostgreSQL schema and a unique Redis key prefix (the shared
+Redis is never flushed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import redis
+import redis.asyncio
+from redis.driver_info import DriverInfo
+
+import tenure
+from tenure.backends.postgres import PostgresLeases, PostgresStore
+from tenure.backends.redis import RedisLeases
+from tenure.backends.sqlite import SqliteStore
+from tenure.contracts.store import Leases
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+PG_BASE = os.environ.get("TENURE_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/test")
+REDIS_URL = os.environ.get("TENURE_BENCH_REDIS", "redis://127.0.0.1:6379/0")
+QUOTA_KEY = "bench:q"
+QUOTA_LIMIT = 8
+JOB_S = 0.05
+
+app = tenure.Tenure("bench-leases")
+
+
+@app.agent("quota_sleep", timeout=600)
+async def quota_sleep(ctx: tenure.Context, input: Any) -> None:
+    """Hold one slot of `bench:q` for `JOB_S` seconds (a model call under a quota)."""
+    async with ctx.quota(QUOTA_KEY):
+        await asyncio.sleep(JOB_S)
+
+
+# -- part 1: lease round trips ----------------------------------------------------------------------------------
+async def _rate(clients: int, seconds: float, one: Callable[[int, int], Awaitable[None]]) -> float:
+    """Run `one(client, i)` in `clients` concurrent loops for `seconds`; return calls per second."""
+    loop = asyncio.get_running_loop()
+    stop_at = loop.time() + seconds
+    counts = [0] * clients
+
+    async def run(c: int) -> None:
+        i = 0
+        while loop.time() < stop_at:
+            await one(c, i)
+            i += 1
+        counts[c] = i
+
+    started = loop.time()
+    await asyncio.gather(*(run(c) for c in range(clients)))
+    return sum(counts) / (loop.time() - started)
+
+
+async def _pairs(leases: Leases, clients: int, seconds: float, key: str) -> float:
+    async def pair(c: int, i: int) -> None:
+        holder = f"c{c}"
+        assert await leases.acquire(key, holder, 1_000_000, 30)
+        await leases.release(key, holder)
+
+    await _rate(clients, min(0.3, seconds), pair)  # warm up connections
+    return await _rate(clients, seconds, pair)
+
+
+async def bench_leases(seconds: float) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    ns = uuid.uuid4().hex[:12]
+    for clients in (1, 50):
+        row: dict[str, Any] = {}
+        # Bare EVALSHA on the same client library, pool size and concurrency.
+        raw = redis.asyncio.Redis.from_url(
+            REDIS_URL, max_connections=clients, driver_info=DriverInfo(lib_version=redis.__version__)
+        )
+        script = raw.register_script("return 1")
+        try:
+
+            async def bare(c: int, i: int) -> None:
+                await script(keys=[f"bench:{ns}:bare"], args=[])
+
+            await _rate(clients, 0.3, bare)
+            row["redis_bare_evalsha_per_s"] = await _rate(clients, seconds, bare)
+        finally:
+            await raw.aclose()
+
+        async with AsyncExitStack() as stack:
+            rl = RedisLeases(REDIS_URL, prefix=f"bench:{ns}:lease:", max_connections=clients)
+            stack.push_async_callback(rl.close)
+            row["redis_pairs_per_s"] = await _pairs(rl, clients, seconds, "k")
+
+            schema = f"bench_leases_{ns}"
+            admin = await asyncpg.connect(PG_BASE)
+            await admin.execute(f"CREATE SCHEMA {schema}")
+            try:
+                url = f"{PG_BASE}?search_path={schema}"
+                store = await PostgresStore.connect(url, pool_size=1)
+                await store.migrate()
+                await store.close()
+                pl = await PostgresLeases.connect(url, pool_size=min(clients, 8))
+                try:
+                    row["postgres_pairs_per_s"] = await _pairs(pl, clients, seconds, "k")
+                finally:
+                    await pl.close()
+            finally:
+                await admin.execute(f"DROP SCHEMA {schema} CASCADE")
+                await admin.close()
+
+            path = f"/tmp/tenure-bench-leases-{ns}.db"
+            sl = await SqliteStore.connect(f"sqlite:///{path}", synchronous="NORMAL")
+            try:
+                await sl.migrate()
+                row["sqlite_pairs_per_s"] = await _pairs(sl, clients, seconds, "k")
+            finally:
+                await sl.close()
+                for suffix in ("", "-wal", "-shm"):
+                    Path(path + suffix).unlink(missing_ok=True)
+        row["redis_lease_round_trips_vs_bare"] = (
+            2 * row["redis_pairs_per_s"] / row["redis_bare_evalsha_per_s"]
+        )
+        out[f"clients_{clients}"] = row
+    cleanup = redis.asyncio.Redis.from_url(REDIS_URL, driver_info=DriverInfo(lib_version=redis.__version__))
+    try:
+        keys = [k async for k in cleanup.scan_iter(match=f"bench:{ns}:*")]
+        if keys:
+            await cleanup.delete(*keys)
+    finally:
+        await cleanup.aclose()
+    return out
+
+
+# -- part 2: jobs under a quota -----------------------------------------------------------------------------------
+async def bench_jobs(jobs: int, workers: int, concurrency: int, leases_on: str) -> dict[str, Any]:
+    ns = uuid.uuid4().hex[:12]
+    schema = f"bench_quota_{ns}"
+    admin = await asyncpg.connect(PG_BASE)
+    await admin.execute(f"CREATE SCHEMA {schema}")
+    url = f"{PG_BASE}?search_path={schema}"
+    prefix = f"bench:{ns}:"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TENURE_")}
+    env.update(
+        {
+            "TENURE_DATABASE_URL": url,
+            "TENURE_QUOTAS": f"{QUOTA_KEY}={QUOTA_LIMIT}",
+            "TENURE_LOG_LEVEL": "warning",
+            "PYTHONPATH": os.pathsep.join([str(HERE), str(ROOT / "src")]),
+            "TENURE_POLL_S": "0.2",
+        }
+    )
+    if leases_on == "redis":
+        env.update({"TENURE_REDIS_URL": REDIS_URL, "TENURE_REDIS_PREFIX": prefix})
+    procs: list[subprocess.Popen[bytes]] = []
+    cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    try:
+        settings = tenure.settings.Settings(database_url=url)
+        async with tenure.connect(app, settings=settings) as client:
+            await client.submit_many([tenure.JobRequest("quota_sleep", {}) for _ in range(jobs)])
+            for _ in range(workers):
+                procs.append(
+                    subprocess.Popen(
+                        [
+                            sys.executable,
+                            "-m",
+                            "tenure.cli",
+                            "worker",
+                            "--app",
+                            "leases:app",
+                            "--concurrency",
+                            str(concurrency),
+                        ],
+                        env=env,
+                        cwd=HERE,
+                    )
+                )
+            deadline = time.monotonic() + 600
+            while time.monotonic() < deadline:
+                left = await admin.fetchval(
+                    f"SELECT count(*) FROM {schema}.jobs WHERE state NOT IN "
+                    "('succeeded','failed','cancelled','lost','expired','dead')"
+                )
+                if left == 0:
+                    break
+                await asyncio.sleep(0.25)
+        row = await admin.fetchrow(
+            f"SELECT count(*) FILTER (WHERE state = 'succeeded') AS ok, "
+            f"extract(epoch FROM max(finished_at) - min(execution_started_at)) AS span FROM {schema}.jobs"
+        )
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        await admin.execute(f"DROP SCHEMA {schema} CASCADE")
+        await admin.close()
+        if leases_on == "redis":
+            cleanup = redis.asyncio.Redis.from_url(
+                REDIS_URL, driver_info=DriverInfo(lib_version=redis.__version__)
+            )
+            keys = [k async for k in cleanup.scan_iter(match=prefix + "*")]
+            if keys:
+                await cleanup.delete(*keys)
+            await cleanup.aclose()
+    cpu_after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    worker_cpu = (cpu_after.ru_utime + cpu_after.ru_stime) - (cpu_before.ru_utime + cpu_before.ru_stime)
+    span = float(row["span"])
+    rate = jobs / span
+    ceiling = QUOTA_LIMIT / JOB_S
+    return {
+        "jobs": jobs,
+        "succeeded": row["ok"],
+        "seconds": span,
+        "jobs_per_s": rate,
+        "ceiling_per_s": ceiling,
+        "fraction_of_ceiling": rate / ceiling,
+        "leases_on": leases_on,
+        "workers": workers,
+        "concurrency": concurrency,
+        "worker_cpu_s": worker_cpu,
+        "worker_cpu_ms_per_job": 1000 * worker_cpu / jobs,
+        "load_average_1m": os.getloadavg()[0],
+    }
+
+
+async def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--part", choices=("all", "leases", "jobs"), default="all")
+    parser.add_argument("--seconds", type=float, default=3.0, help="measuring time per lease cell")
+    parser.add_argument("--jobs", type=int, default=2000)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--leases-on", choices=("redis", "postgres", "both"), default="both")
+    args = parser.parse_args()
+    results: dict[str, Any] = {}
+    if args.part in ("all", "leases"):
+        results["leases"] = await bench_leases(args.seconds)
+        print(
+            f"{'clients':>7}  {'bare EVALSHA/s':>14}  {'redis pairs/s':>13}  {'2×pairs/bare':>12}  "
+            f"{'postgres pairs/s':>16}  {'sqlite pairs/s':>14}"
+        )
+        for name, row in results["leases"].items():
+            print(
+                f"{name.removeprefix('clients_'):>7}  {row['redis_bare_evalsha_per_s']:>14,.0f}  "
+                f"{row['redis_pairs_per_s']:>13,.0f}  {row['redis_lease_round_trips_vs_bare']:>12.0%}  "
+                f"{row['postgres_pairs_per_s']:>16,.0f}  {row['sqlite_pairs_per_s']:>14,.0f}"
+            )
+    if args.part in ("all", "jobs"):
+        backends = ("redis", "postgres") if args.leases_on == "both" else (args.leases_on,)
+        results["jobs"] = []
+        for on in backends:
+            r = await bench_jobs(args.jobs, args.workers, args.concurrency, on)
+            results["jobs"].append(r)
+            print(
+                f"{r['jobs']} jobs of {JOB_S * 1000:.0f} ms under {QUOTA_KEY}={QUOTA_LIMIT}, leases on {on}, "
+                f"{r['workers']} workers × {r['concurrency']}: {r['succeeded']} succeeded in {r['seconds']:.2f} s "
+                f"= {r['jobs_per_s']:.1f} jobs/s, {r['fraction_of_ceiling']:.0%} of {r['ceiling_per_s']:.0f} "
+                f"(worker CPU {r['worker_cpu_ms_per_job']:.2f} ms/job, load average {r['load_average_1m']:.1f})"
+            )
+    out = HERE / "results" / "leases.json"
+    out.parent.mkdir(exist_ok=True)
+    # A run of one part keeps the other part's last results.
+    previous = json.loads(out.read_text()) if out.exists() else {}
+    results["redis_url"] = REDIS_URL
+    out.write_text(json.dumps(previous | results, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))

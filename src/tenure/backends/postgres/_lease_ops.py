@@ -1,0 +1,70 @@
+"""The `Leases` operations on PostgreSQL's `leases` table, shared by `PostgresStore` (on its pool) and
+`PostgresLeases` (a lease backend on a pool of its own, e.g. one connection per contending process).
+
+Every expiry is computed by the server (`now()`); acquire is one call of `tenure_lease_acquire` (schema.sql),
+which serialises the acquirers of one key with a transaction-scoped advisory lock. Driver errors become
+`LeasesUnavailable`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import asyncpg
+
+from tenure.backends._queries import load_queries
+from tenure.contracts.errors import LeasesUnavailable
+from tenure.contracts.store import LeaseRef
+
+Q = load_queries("tenure.backends.postgres")
+_DRIVER_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, asyncio.TimeoutError)
+
+
+def check_args(limit: int, ttl_s: float) -> None:
+    """The contract's argument errors, raised before any round trip."""
+    if limit < 0:
+        raise ValueError(f"limit must be >= 0, got {limit}")
+    if not ttl_s > 0:
+        raise ValueError(f"ttl_s must be > 0, got {ttl_s}")
+
+
+@contextlib.asynccontextmanager
+async def _conn(pool: Any, what: str) -> AsyncIterator[asyncpg.Connection]:
+    try:
+        async with pool.acquire() as conn:
+            yield conn
+    except _DRIVER_ERRORS as exc:
+        raise LeasesUnavailable(f"PostgreSQL lease {what} failed: {exc}") from exc
+
+
+async def acquire(pool: Any, key: str, holder: str, limit: int, ttl_s: float) -> bool:
+    """Take one of `limit` slots of `key` for `holder` (idempotent for the holder); False when full."""
+    check_args(limit, ttl_s)
+    async with _conn(pool, "acquire") as conn:
+        return bool(await conn.fetchval(Q["lease_acquire"], key, holder, limit, ttl_s))
+
+
+async def renew(pool: Any, held: Sequence[LeaseRef], ttl_s: float) -> list[LeaseRef]:
+    """Extend every unexpired held lease in one statement; return the ones that were lost."""
+    check_args(0, ttl_s)
+    if not held:
+        return []
+    async with _conn(pool, "renew") as conn:
+        rows = await conn.fetch(Q["lease_renew"], [h.key for h in held], [h.holder for h in held], ttl_s)
+    renewed = {(r[0], r[1]) for r in rows}
+    return [h for h in held if (h.key, h.holder) not in renewed]
+
+
+async def release(pool: Any, key: str, holder: str) -> None:
+    """Delete the holder's lease; nothing happens when it holds none."""
+    async with _conn(pool, "release") as conn:
+        await conn.execute(Q["lease_release"], key, holder)
+
+
+async def holders(pool: Any, key: str) -> list[str]:
+    """The unexpired holders of `key`, soonest expiry first."""
+    async with _conn(pool, "holders") as conn:
+        return [r[0] for r in await conn.fetch(Q["lease_holders"], key)]

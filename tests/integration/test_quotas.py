@@ -1,0 +1,316 @@
+"""The quota layer (`control/quotas.py`) on real lease backends: waiting in line, timeouts, fencing a lost
+lease, the failure policies, pause / resume. Several `QuotaManager`s on one backend stand for several worker
+processes (each has its own connections)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+
+import pytest
+import redis
+import redis.asyncio
+from redis.driver_info import DriverInfo
+
+from tenure.backends.redis import RedisChannel, RedisLeases
+from tenure.contracts.errors import LeaseLost, QuotaExhausted, QuotaUnavailable
+from tenure.contracts.quotas import QuotaSpec
+from tenure.contracts.store import LeaseRef, Leases
+from tenure.control.quotas import QuotaManager
+from tests.contract.test_leases import BACKENDS, REDIS_URL
+
+TTL = 5.0
+
+
+@pytest.fixture(params=sorted(BACKENDS))
+async def open_leases(
+    request: pytest.FixtureRequest, namespace: str
+) -> AsyncIterator[Callable[[], Awaitable[Leases]]]:
+    """Open lease backends on one namespace (the first one owns and drops it)."""
+    from contextlib import AsyncExitStack
+
+    async with AsyncExitStack() as stack:
+        opened = 0
+
+        async def open_one() -> Leases:
+            nonlocal opened
+            opened += 1
+            return await stack.enter_async_context(BACKENDS[request.param](namespace, drop=opened == 1))
+
+        yield open_one
+
+
+@pytest.fixture
+def namespace() -> str:
+    import uuid
+
+    return uuid.uuid4().hex
+
+
+def manager(leases: Leases, limit: int = 1, **kw: object) -> QuotaManager:
+    specs = {"llm:m": QuotaSpec("llm:m", limit)}
+    return QuotaManager(leases, specs, ttl_s=TTL, poll_s=0.05, **kw)  # type: ignore[arg-type]
+
+
+async def test_wait_false_is_refused_at_once_when_every_slot_is_held(
+    open_leases: Callable[[], Awaitable[Leases]],
+) -> None:
+    q = manager(await open_leases(), limit=2)
+    a, b, c = (q.for_execution(x) for x in "abc")
+    async with a.quota("llm:m"), b.quota("llm:m", wait=False):
+        with pytest.raises(QuotaExhausted) as refused:
+            async with c.quota("llm:m", wait=False):
+                pytest.fail("a third holder got in")
+        assert refused.value.key == "llm:m" and refused.value.limit == 2
+        assert len(await q.leases.holders("llm:m")) == 2
+    assert await q.leases.holders("llm:m") == []
+    async with c.quota("llm:m", wait=False):
+        assert await q.leases.holders("llm:m") == ["c:1"]  # a new slot index per block
+
+
+async def test_a_wait_that_times_out_raises_quota_exhausted_and_leaves_the_line(
+    open_leases: Callable[[], Awaitable[Leases]],
+) -> None:
+    q = manager(await open_leases())
+    async with q.for_execution("a").quota("llm:m"):
+        with pytest.raises(QuotaExhausted):
+            async with q.for_execution("b").quota("llm:m", timeout_s=0.2):
+                pytest.fail("got a held slot")
+        assert await q.leases.holders("llm:m#wait") == []
+
+
+async def test_released_slots_go_to_waiters_oldest_first_across_processes(
+    open_leases: Callable[[], Awaitable[Leases]],
+) -> None:
+    managers = [manager(await open_leases()) for _ in range(3)]
+    order: list[str] = []
+    holding = managers[0].for_execution("first").quota("llm:m")
+    await holding.__aenter__()
+
+    async def wait_then_record(name: str, q: QuotaManager) -> None:
+        async with q.for_execution(name).quota("llm:m", timeout_s=30):
+            order.append(name)
+            await asyncio.sleep(0.01)
+
+    names = [f"w{i}" for i in range(6)]
+    async with asyncio.TaskGroup() as tg:
+        for i, name in enumerate(names):
+            tg.create_task(wait_then_record(name, managers[i % 3]))
+
+            # Each waiter has taken its ticket before the next arrives.
+            async def in_line(n: int = i + 1) -> bool:
+                return len(await managers[0].leases.holders("llm:m#wait")) == n
+
+            while not await in_line():
+                await asyncio.sleep(0.005)
+        await holding.__aexit__(None, None, None)
+    assert order == names
+
+
+async def test_a_lease_lost_at_renewal_cancels_the_holding_block_with_lease_lost(
+    open_leases: Callable[[], Awaitable[Leases]],
+) -> None:
+    leases = await open_leases()
+    q = manager(leases)
+    reached_after_loss = False
+    with pytest.raises(LeaseLost) as caught:
+        async with q.for_execution("x").quota("llm:m"):
+            await leases.release("llm:m", "x:0")  # e.g. expired and purged while the process was frozen
+            assert await q.renew() == [LeaseRef("llm:m", "x:0")]
+            await asyncio.sleep(5)  # the upstream call: must not continue
+            reached_after_loss = True
+    assert not reached_after_loss
+    assert caught.value.key == "llm:m" and caught.value.holder == "x:0"
+    assert asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]
+    assert q.held == []
+
+
+async def test_the_heartbeat_renewal_keeps_every_held_lease_in_one_call(
+    open_leases: Callable[[], Awaitable[Leases]],
+) -> None:
+    leases = await open_leases()
+    calls: list[int] = []
+
+    class Counting:
+        """Counts renew round trips; delegates everything to the real backend."""
+
+        async def acquire(self, key: str, holder: str, limit: int, ttl_s: float) -> bool:
+            return await leases.acquire(key, holder, limit, ttl_s)
+
+        async def renew(self, held: Sequence[LeaseRef], ttl_s: float) -> list[LeaseRef]:
+            calls.append(len(held))
+            return await leases.renew(held, ttl_s)
+
+        async def release(self, key: str, holder: str) -> None:
+            await leases.release(key, holder)
+
+        async def holders(self, key: str) -> list[str]:
+            return await leases.holders(key)
+
+    q = manager(Counting(), limit=5)  # type: ignore[arg-type]
+    a, b = q.for_execution("a"), q.for_execution("b")
+    async with a.quota("llm:m"), a.quota("llm:m"), b.quota("llm:m"):
+        assert await q.renew() == []
+        assert calls == [3]
+        assert sorted(await leases.holders("llm:m")) == ["a:0", "a:1", "b:0"]
+
+
+async def test_pause_gives_every_slot_back_and_resume_takes_them_again(
+    open_leases: Callable[[], Awaitable[Leases]],
+) -> None:
+    q = manager(await open_leases())
+    approver = q.for_execution("approver")
+    async with approver.quota("llm:m"):
+        await approver.pause()  # what ctx.approval() / ctx.next_input() do while waiting
+        assert await q.leases.holders("llm:m") == []
+        async with q.for_execution("other").quota("llm:m", wait=False):
+            resumed = asyncio.create_task(approver.resume())
+            await asyncio.sleep(0.1)
+            assert not resumed.done(), "resume must wait for a free slot"
+        await resumed
+        assert await q.leases.holders("llm:m") == ["approver:0"]
+        assert await q.renew() == []
+    assert await q.leases.holders("llm:m") == []
+
+
+# -- failure policies (a Redis that does not answer) ------------------------------------------------------
+class CountingDead:
+    """A RedisLeases on a port nobody listens on, counting the calls that reach it."""
+
+    def __init__(self) -> None:
+        self.inner = RedisLeases("redis://127.0.0.1:1/0", timeout_s=0.5)
+        self.calls = 0
+
+    async def acquire(self, key: str, holder: str, limit: int, ttl_s: float) -> bool:
+        self.calls += 1
+        return await self.inner.acquire(key, holder, limit, ttl_s)
+
+    async def renew(self, held: Sequence[LeaseRef], ttl_s: float) -> list[LeaseRef]:
+        self.calls += 1
+        return await self.inner.renew(held, ttl_s)
+
+    async def release(self, key: str, holder: str) -> None:
+        self.calls += 1
+        await self.inner.release(key, holder)
+
+    async def holders(self, key: str) -> list[str]:
+        self.calls += 1
+        return await self.inner.holders(key)
+
+
+async def test_fail_closed_raises_quota_unavailable_and_short_circuits_the_dead_backend() -> None:
+    dead = CountingDead()
+    try:
+        q = QuotaManager(dead, {"k": QuotaSpec("k", 3)}, ttl_s=TTL, breaker_s=30)  # type: ignore[arg-type]
+        with pytest.raises(QuotaUnavailable):
+            async with q.for_execution("a").quota("k"):
+                pytest.fail("ran without a lease on a fail-closed key")
+        calls = dead.calls
+        for name in "bcd":
+            with pytest.raises(QuotaUnavailable):
+                async with q.for_execution(name).quota("k", wait=False):
+                    pytest.fail("ran without a lease on a fail-closed key")
+        assert dead.calls == calls, "the short circuit should keep callers off the dead backend"
+        assert q.rejected["k"] == 4
+    finally:
+        await dead.inner.close()
+
+
+async def test_fail_open_lets_the_call_through_unleased_and_counts_it() -> None:
+    dead = CountingDead()
+    try:
+        spec = QuotaSpec("k", 1, "fail-open")
+        q = QuotaManager(dead, {"k": spec}, ttl_s=TTL, breaker_s=30)  # type: ignore[arg-type]
+        ran = 0
+        for name in "abc":
+            async with q.for_execution(name).quota("k"):
+                ran += 1
+        assert ran == 3
+        assert q.fail_open_admitted["k"] == 3
+        assert q.held == []
+    finally:
+        await dead.inner.close()
+
+
+async def test_waiters_in_other_processes_are_woken_by_a_message_not_by_polling(namespace: str) -> None:
+    prefix = f"tenure-test:{namespace}:lease:"
+    leases = [RedisLeases(REDIS_URL, prefix=prefix) for _ in range(2)]
+    channels = [RedisChannel(REDIS_URL, prefix=f"tenure-test:{namespace}:chan:") for _ in range(2)]
+    specs = {"k": QuotaSpec("k", 1)}
+    qs = [
+        QuotaManager(l, specs, ttl_s=TTL, channel=c, poll_s=30.0)
+        for l, c in zip(leases, channels, strict=True)
+    ]
+    try:
+        async with asyncio.TaskGroup() as tg:
+            listeners = [tg.create_task(q.run()) for q in qs]  # run() also publishes the releases
+            holder = qs[0].for_execution("a").quota("k")
+            await holder.__aenter__()
+            raw = redis.asyncio.Redis.from_url(
+                REDIS_URL, driver_info=DriverInfo(lib_version=redis.__version__)
+            )
+            try:
+                topic = f"tenure-test:{namespace}:chan:quota:k"
+                while (await raw.pubsub_numsub(topic))[0][1] < 2:  # both listeners have subscribed
+                    await asyncio.sleep(0.01)
+            finally:
+                await raw.aclose()
+            waiter = tg.create_task(qs[1].for_execution("b").quota("k").__aenter__())
+            while not await leases[0].holders("k#wait"):
+                await asyncio.sleep(0.005)
+            await holder.__aexit__(None, None, None)
+            async with asyncio.timeout(5):  # far below the 30 s polling floor
+                block = await waiter
+            await block.__aexit__(None, None, None)
+            for listener in listeners:
+                listener.cancel()
+    finally:
+        for x in (*leases, *channels):
+            await x.close()
+
+
+async def test_a_renewal_that_hangs_past_the_ttl_fences_the_holders_without_waiting_for_it(
+    open_leases: Callable[[], Awaitable[Leases]],
+) -> None:
+    leases = await open_leases()
+
+    class Hanging:
+        """The real backend, except that renewals never answer (a stalled network path)."""
+
+        async def acquire(self, key: str, holder: str, limit: int, ttl_s: float) -> bool:
+            return await leases.acquire(key, holder, limit, ttl_s)
+
+        async def renew(self, held: Sequence[LeaseRef], ttl_s: float) -> list[LeaseRef]:
+            await asyncio.sleep(3600)
+            return []
+
+        async def release(self, key: str, holder: str) -> None:
+            await leases.release(key, holder)
+
+        async def holders(self, key: str) -> list[str]:
+            return await leases.holders(key)
+
+    q = QuotaManager(Hanging(), {"k": QuotaSpec("k", 1)}, ttl_s=0.5)  # type: ignore[arg-type]
+    with pytest.raises(LeaseLost):
+        async with q.for_execution("x").quota("k"):
+            async with asyncio.timeout(5):  # the renewal gives up at the TTL, long before this
+                await q.renew()
+            await asyncio.sleep(5)
+
+
+async def test_a_block_that_ends_with_an_error_leaves_its_lease_to_expire_instead_of_releasing_it(
+    open_leases: Callable[[], Awaitable[Leases]],
+) -> None:
+    # The upstream may not have noticed the aborted call yet: handing the slot over at once would overrun it.
+    leases = await open_leases()
+    q = QuotaManager(leases, {"k": QuotaSpec("k", 1)}, ttl_s=0.5, poll_s=0.05)
+    with pytest.raises(RuntimeError):
+        async with q.for_execution("a").quota("k"):
+            raise RuntimeError("the stream broke")
+    assert q.held == [], "an abandoned lease is no longer renewed"
+    assert await leases.holders("k") == ["a:0"]
+    with pytest.raises(QuotaExhausted):
+        async with q.for_execution("b").quota("k", wait=False):
+            pass
+    async with q.for_execution("c").quota("k", timeout_s=5):  # comes free once the TTL has passed
+        assert await leases.holders("k") == ["c:0"]

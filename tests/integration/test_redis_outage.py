@@ -1,0 +1,97 @@
+"""Redis is the accelerator, never the truth: restarting or flushing it (a private redis-server, never the
+shared one) during a run loses no job and runs none twice, and a cancel still reaches a running job through
+the heartbeat while Redis is down."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tenure.app import connect
+from tenure.contracts.states import JobState
+from tenure.contracts.types import ControlOutcome
+from tenure.control.admission import JobRequest
+from tenure.settings import Settings
+from tests.integration.procs import FAST, WorkerProc, eventually
+from tests.integration.redisproc import RedisProc
+
+pytestmark = pytest.mark.slow
+HEARTBEAT_S = float(FAST["TENURE_HEARTBEAT_S"])
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path) -> Iterator[RedisProc]:
+    server = RedisProc(tmp_path)
+    try:
+        yield server
+    finally:
+        server.kill()
+
+
+async def test_five_hundred_jobs_survive_a_flushall_and_a_restart_of_redis_none_lost_none_run_twice(
+    pg_database_url: str, private_redis: RedisProc, tmp_path: Path
+) -> None:
+    env = {"TENURE_REDIS_URL": private_redis.url}
+    workers = [WorkerProc(pg_database_url, tmp_path, f"w{i}", concurrency=8, env=env) for i in range(2)]
+    settings = Settings(database_url=pg_database_url, redis_url=private_redis.url)
+    try:
+        async with connect("tenure.examples:app", settings=settings) as client:
+            ids = await client.submit_many(
+                [JobRequest("sleep", {"seconds": 0.1, "every": 1}) for _ in range(500)]
+            )
+
+            async def finished() -> int:
+                return sum(1 for j in await client.jobs(limit=1000) if j.state.terminal)
+
+            await eventually(lambda: _at_least(finished, 100), 60, "100 jobs to finish")
+            private_redis.flushall()
+            done_at_flush = await finished()
+            await eventually(lambda: _at_least(finished, 250), 60, "250 jobs to finish after FLUSHALL")
+            private_redis.restart()
+            done_at_restart = await finished()
+            await eventually(lambda: _at_least(finished, 500), 90, "every job to finish after the restart")
+            jobs = {j.id: j for j in await client.jobs(limit=1000)}
+            executions = await asyncio.gather(*(client.store.list_executions(i) for i in ids))
+    finally:
+        logs = [w.log() for w in workers]
+        for w in workers:
+            w.stop()
+    assert done_at_flush < 250 and done_at_restart < 450, "Redis went away too late to matter"
+    assert set(jobs) == set(ids)
+    assert all(j.state is JobState.SUCCEEDED for j in jobs.values()), {j.state for j in jobs.values()}
+    assert all(j.attempts == 1 for j in jobs.values())
+    assert all(len(e) == 1 for e in executions), "a job was run twice"
+    # Rebuilt at least at start, after the FLUSHALL and after the restart.
+    rebuilds = sum(log.count("ready index rebuilt") for log in logs)
+    assert rebuilds >= 3, f"the lost index was rebuilt {rebuilds} times"
+
+
+async def _at_least(count: object, n: int) -> bool:
+    return await count() >= n  # type: ignore[operator,no-any-return]
+
+
+async def test_a_cancel_reaches_a_running_job_through_the_heartbeat_while_redis_is_down(
+    pg_database_url: str, private_redis: RedisProc, tmp_path: Path
+) -> None:
+    worker = WorkerProc(pg_database_url, tmp_path, "w", env={"TENURE_REDIS_URL": private_redis.url})
+    try:
+        async with connect("tenure.examples:app", pg_database_url) as client:
+            job_id = await client.submit("sleep", {"seconds": 60, "every": 5})
+
+            async def running() -> bool:
+                return (await client.job(job_id)).state is JobState.RUNNING
+
+            await eventually(running, 30, "the job to start")
+            private_redis.kill()  # pub/sub (and the whole of Redis) is down from here on
+            assert await client.store.cancel(job_id) is ControlOutcome.REQUESTED
+            job = await client.wait(job_id, timeout_s=10)
+    finally:
+        worker.stop()
+    assert job.state is JobState.CANCELLED
+    assert job.cancel_requested_at is not None and job.finished_at is not None
+    # Both times are the database's clock: the cancel reached the job at the next heartbeat.
+    assert job.finished_at - job.cancel_requested_at <= HEARTBEAT_S + 0.5
+
