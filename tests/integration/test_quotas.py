@@ -238,8 +238,8 @@ async def test_waiters_in_other_processes_are_woken_by_a_message_not_by_polling(
     channels = [RedisChannel(REDIS_URL, prefix=f"tenure-test:{namespace}:chan:") for _ in range(2)]
     specs = {"k": QuotaSpec("k", 1)}
     qs = [
-        QuotaManager(l, specs, ttl_s=TTL, channel=c, poll_s=30.0)
-        for l, c in zip(leases, channels, strict=True)
+        QuotaManager(lease, specs, ttl_s=TTL, channel=c, poll_s=30.0)
+        for lease, c in zip(leases, channels, strict=True)
     ]
     try:
         async with asyncio.TaskGroup() as tg:
