@@ -212,15 +212,22 @@ SELECT id::text, (SELECT count(*) FROM wake) AS woke FROM r
 
 -- name: heartbeat --
 -- One round trip per interval: the worker is alive, and every claim it still holds (by fence) is extended.
+-- The held rows are locked in id order first, like the fenced append's FOR SHARE: two statements locking
+-- overlapping rows in different orders (this one and a batch of appends) deadlocked.
 WITH x AS (
     SELECT * FROM unnest($4::uuid[], $5::int4[], $6::int8[]) AS x(job_id, epoch, token)
 ), w AS (
     UPDATE workers SET last_heartbeat = now(), state = $2, in_flight = $3 WHERE id = $1
+), held AS (
+    SELECT j.id FROM jobs AS j
+      JOIN x ON j.id = x.job_id AND j.epoch = x.epoch AND j.token = x.token
+     WHERE j.owner = $1 AND j.state IN ('queued', 'running', 'waiting')
+     ORDER BY j.id
+       FOR NO KEY UPDATE OF j
 ), r AS (
     UPDATE jobs AS j SET claim_expires_at = now() + make_interval(secs => $7)
-      FROM x
-     WHERE j.id = x.job_id AND j.owner = $1 AND j.epoch = x.epoch AND j.token = x.token
-       AND j.state IN ('queued', 'running', 'waiting')
+      FROM held
+     WHERE j.id = held.id
     RETURNING j.id, j.cancel_requested_at IS NOT NULL AS cancel
 )
 SELECT id::text, cancel FROM r

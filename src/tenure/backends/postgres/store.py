@@ -120,8 +120,9 @@ def _job(row: asyncpg.Record) -> Job:
 
 
 def _fence_arrays(fences: Iterable[Fence]) -> tuple[list[str], list[int], list[int]]:
+    # In job id order: every multi-row write locks its rows in the same order, so two of them never deadlock.
     ids, epochs, tokens = [], [], []
-    for f in fences:
+    for f in sorted(fences, key=lambda f: f.job_id):
         ids.append(f.job_id)
         epochs.append(f.epoch)
         tokens.append(f.token)
@@ -317,6 +318,7 @@ class PostgresStore:
     async def start(self, worker_id: str, starts: Sequence[Start]) -> list[Started]:
         if not starts:
             return []
+        starts = sorted(starts, key=lambda s: s.fence.job_id)  # the order _fence_arrays uses
         by_job = {s.fence.job_id: s for s in starts}
         ids, epochs, tokens = _fence_arrays(s.fence for s in starts)
         async with self._conn("start") as conn:
@@ -333,7 +335,7 @@ class PostgresStore:
         if not finishes:
             return []
         cols: list[list[Any]] = [[] for _ in range(12)]
-        for f in finishes:
+        for f in sorted(finishes, key=lambda f: f.fence.job_id):  # rows locked in one order (see _fence_arrays)
             for i, v in enumerate(
                 (f.fence.job_id, f.fence.epoch, f.fence.token, f.execution_id, f.state.value, f.result_json,
                  f.error_code, f.error_message, f.retry_delay_s, f.seq, f.started_at, f.usage_json)
