@@ -10,11 +10,10 @@ import asyncio
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING
 
-import redis
 from redis.asyncio import Redis
-from redis.driver_info import DriverInfo
 from redis.exceptions import RedisError
 
+from tenure.backends.redis._client import client_identity
 from tenure.contracts.channel import Channel
 from tenure.contracts.errors import LeasesUnavailable
 
@@ -30,13 +29,13 @@ class RedisChannel:
             url,
             socket_connect_timeout=timeout_s,
             socket_timeout=timeout_s,
-            driver_info=DriverInfo(lib_version=redis.__version__),
+            **client_identity(),
         )
         # Subscriptions block on reads for as long as nothing is published: no socket timeout there.
         self._sub_client = Redis.from_url(
             url,
             socket_connect_timeout=timeout_s,
-            driver_info=DriverInfo(lib_version=redis.__version__),
+            **client_identity(),
         )
         self._closed = False
 

@@ -9,14 +9,13 @@ import math
 from collections.abc import Awaitable, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
-import redis
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
-from redis.driver_info import DriverInfo
 from redis.exceptions import RedisError
 
 from tenure.backends.redis import _scripts
+from tenure.backends.redis._client import client_identity
 from tenure.contracts.errors import LeasesUnavailable
 from tenure.contracts.store import LeaseRef, Leases
 
@@ -66,7 +65,7 @@ class RedisLeases:
             retry=Retry(ExponentialWithJitterBackoff(base=0.01, cap=0.2), retries=2),
             # Left to itself, redis-py reads its version from the package metadata (file I/O) for every new
             # connection, on the event loop; naming it once here keeps connecting non-blocking.
-            driver_info=DriverInfo(lib_version=redis.__version__),
+            **client_identity(),
         )
         self._setup(Redis.from_pool(pool), prefix, owns_client=True)
 

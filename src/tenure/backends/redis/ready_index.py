@@ -20,11 +20,10 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-import redis
 from redis.asyncio import Redis
-from redis.driver_info import DriverInfo
 from redis.exceptions import RedisError, ResponseError
 
+from tenure.backends.redis._client import client_identity
 from tenure.contracts.errors import StoreUnavailable
 from tenure.contracts.ready import Delivery, ReadyHint, ReadyIndex
 
@@ -53,7 +52,7 @@ class RedisReadyIndex:
             url,
             socket_connect_timeout=timeout_s,
             socket_timeout=timeout_s + max_block_s,
-            driver_info=DriverInfo(lib_version=redis.__version__),
+            **client_identity(),
         )
         self._prefix = prefix
         self._stale_ms = max(1, int(stale_s * 1000))
