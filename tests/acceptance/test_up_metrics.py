@@ -46,5 +46,7 @@ async def test_the_gateway_metrics_cover_the_gateway_loop_and_every_worker(tmp_p
         assert _sample(text, "event_loop_lag_seconds_count", role="gateway") > 0
         assert _sample(text, "event_loop_lag_seconds_count", role="worker") > 0
         assert _sample(text, "tenure_queue_wait_seconds_count", agent="echo") >= 6
+        assert _sample(text, "tenure_queue_capacity", scope="global") == 500  # the gateway's default cap
+        assert _sample(text, "tenure_circuit_state", scope="agent:echo") == 0  # admitted: closed
     finally:
         assert up.stop() == 0, up.log()

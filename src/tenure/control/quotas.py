@@ -114,6 +114,8 @@ class QuotaManager:
         """Calls let through without a lease because the backend was down (fail-open keys), by key."""
         self.rejected: Counter[str] = Counter()
         """QuotaExhausted and QuotaUnavailable answers, by key."""
+        self.rejections: Counter[tuple[str, str]] = Counter()
+        """The same by (key, reason): `full` (wait=False), `timeout` (waited too long), `unavailable`."""
 
     # -- configuration ---------------------------------------------------------------------------------------
     def spec(self, key: str) -> QuotaSpec:
@@ -298,6 +300,7 @@ class QuotaManager:
                 return True
             if not wait:
                 self.rejected[spec.key] += 1
+                self.rejections[(spec.key, "full")] += 1
                 raise QuotaExhausted(f"every slot of quota {spec.key!r} is held", spec.key, spec.limit)
             return await self._wait_in_line(spec, holder, timeout_s)
         except LeasesUnavailable as exc:
@@ -335,6 +338,7 @@ class QuotaManager:
                 left = self.poll_s if deadline is None else min(self.poll_s, deadline - loop.time())
                 if left <= 0:
                     self.rejected[spec.key] += 1
+                    self.rejections[(spec.key, "timeout")] += 1
                     raise QuotaExhausted(
                         f"no slot of quota {spec.key!r} came free within {timeout_s:g} s",
                         spec.key,
@@ -366,6 +370,7 @@ class QuotaManager:
             self.fail_open_admitted[spec.key] += 1
             return False
         self.rejected[spec.key] += 1
+        self.rejections[(spec.key, "unavailable")] += 1
         raise QuotaUnavailable(
             f"quota {spec.key!r} is fail-closed and its lease backend is unavailable", spec.key
         ) from exc

@@ -43,6 +43,7 @@ from tenure.gateway.problems import Problem, from_error
 from tenure.gateway.requests import check_submit_body, int_param, parse_cursor_param, parse_job_id
 from tenure.gateway.streams import EventHub
 from tenure.gateway.ws import WsSession
+from tenure.observability import metrics
 from tenure.observability.exposition import metrics_asgi_app
 
 log = logging.getLogger("tenure.gateway")
@@ -103,6 +104,7 @@ class Gateway:
         self.hub = EventHub(store, self.config.sse_idle_s)
         self._on_start = on_start
         self._on_stop = on_stop
+        metrics.QUEUE_CAPACITY.labels("global").set(self.config.gate.max_queued)
         routes = [
             Route("/v1/jobs", self.submit, methods=["POST"]),
             Route("/v1/jobs", self.list_jobs, methods=["GET"]),
@@ -207,8 +209,13 @@ class Gateway:
 
         async def submit() -> Enqueued:
             try:
+                # The caps this gateway admits under, beside the depth the sweeper exports (queue alerts).
+                metrics.QUEUE_CAPACITY.labels(job.tenant).set(self.config.gate.max_queued_per_tenant)
                 await self.gate.check(job.tenant, job.agent)
-            except (QueueFull, CircuitOpen):
+                metrics.CIRCUIT_STATE.labels(f"agent:{job.agent}").set(0)
+            except (QueueFull, CircuitOpen) as refused:
+                if isinstance(refused, CircuitOpen):
+                    metrics.CIRCUIT_STATE.labels(f"agent:{job.agent}").set(2)
                 # A replay of a key answers its original job even while the caps or the circuit refuse
                 # new work: the job exists, nothing new is admitted.
                 if job.idem_digest is not None:

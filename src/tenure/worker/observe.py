@@ -20,7 +20,7 @@ from __future__ import annotations
 import collections
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from tenure.contracts.states import JobState, WorkerState
 from tenure.contracts.types import Claim, JobCounts, Started, SweepReport, WorkerInfo
@@ -69,6 +69,22 @@ class WorkerObserver:
         self._shown_state: WorkerState | None = None
         self._tenants_seen: set[str] = set()
         self._lost_workers: collections.deque[float] = collections.deque()
+        self._quota_rejections_seen: dict[tuple[str, str], int] = {}
+
+    def quotas_seen(
+        self, in_use: Mapping[str, int], limits: Mapping[str, int], rejections: Mapping[tuple[str, str], int]
+    ) -> None:
+        """Export the quotas this worker uses: slots held fleet-wide (read from the lease backend), limits, and
+        this process's refusals by reason (a running total, turned into counter increments)."""
+        for key, n in in_use.items():
+            m.QUOTA_IN_USE.labels(key).set(n)
+        for key, n in limits.items():
+            m.QUOTA_LIMIT.labels(key).set(n)
+        for (key, reason), total in rejections.items():
+            delta = total - self._quota_rejections_seen.get((key, reason), 0)
+            if delta > 0:
+                m.QUOTA_REJECTED.labels(key, reason).inc(delta)
+                self._quota_rejections_seen[(key, reason)] = total
 
     def watch_adapter(self, adapter: BlockingAdapter | ProcessAdapter) -> None:
         """Export an adapter of this worker as `tenure_blocking_*{adapter, role, worker}`."""

@@ -273,6 +273,7 @@ class _Execution:
         command = self._take_command(kind)
         if command is None:
             await self._set_waiting(True, {"for": kind, "prompt": prompt})
+            await self.pause_quotas()  # waiting holds no quota lease either (seed 003: pause / resume)
             self.worker._free_slot()  # waiting holds no worker slot
             try:
                 delay = _COMMAND_POLL_MIN_S
@@ -290,6 +291,7 @@ class _Execution:
                     delay = min(delay * 1.5, _COMMAND_POLL_MAX_S)
             finally:
                 self.worker._busy += 1  # take a slot back (briefly over the limit at worst: no new claims)
+            await self.resume_quotas()  # the leases are taken back before the handler continues
             await self._set_waiting(False, {"command": kind, "seq": command.seq})
         return command.payload
 
@@ -822,12 +824,26 @@ class Worker:
                 tg.create_task(self.quotas.run(), name="quota-listener")
                 tg.create_task(self._quota_heartbeat_loop(), name="quota-heartbeat")
 
+    async def _export_quotas(self) -> None:
+        """tenure_quota_in_use / _limit / _rejected_total for every configured quota (one read per key)."""
+        q = self.quotas
+        if q is None:
+            return
+        in_use: dict[str, int] = {}
+        for key in q.specs:
+            try:
+                in_use[key] = len(await q.leases.holders(key))
+            except StoreUnavailable:  # LeasesUnavailable too: the gauge keeps its last value
+                continue
+        self._obs.quotas_seen(in_use, {k: spec.limit for k, spec in q.specs.items()}, q.rejections)
+
     async def _quota_heartbeat_loop(self) -> None:
         """The heartbeat's quota half, on the same interval but its own task, so a slow store round trip never
         delays the renewal of quota leases (a lease renewed late is lost, and its slot handed to another)."""
         while True:
             await asyncio.sleep(self.config.heartbeat_s)
             await self.renew_quotas()
+            await self._export_quotas()
             task = asyncio.current_task()
             if task is not None and task.cancelling():
                 # A cancellation absorbed by the Redis driver mid-renewal must still stop this loop.

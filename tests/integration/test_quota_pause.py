@@ -1,0 +1,49 @@
+"""A job waiting for a human holds no quota lease (seed 003: pause / resume): another job takes the slot
+meanwhile, and the first takes it back before it continues. The worker's /metrics shows the quota."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tenure.app import connect
+from tenure.contracts.states import JobState
+from tests.integration.procs import WorkerProc, eventually
+from tests.integration.test_observability import Samples, metrics_url, scrape, value
+
+APP = "tests.apps.quota_pause_app:app"
+
+
+async def test_approval_releases_the_quota_lease_and_takes_it_back(
+    sqlite_database_url: str, tmp_path: Path
+) -> None:
+    worker = WorkerProc(sqlite_database_url, tmp_path, "w", concurrency=4, app=APP, env={"TENURE_QUOTAS": "k=1"},
+                        args=("--metrics-port", "0"))
+    try:
+        async with connect(APP, sqlite_database_url) as client:
+            holder = await client.submit("hold_and_ask", {})
+
+            async def waiting() -> bool:
+                return (await client.job(holder)).state is JobState.WAITING
+
+            await eventually(waiting, 30, "the holder to wait for its approval")
+            taker = await client.submit("take", {})
+            took = await client.wait(taker, timeout_s=30)
+            assert took.state is JobState.SUCCEEDED, (took.error_code, took.error_message, worker.log())
+            outcome = await client.store.send_command(holder, None, "approve", json.dumps({"approved": True}))
+            assert outcome.value == "requested"
+            done = await client.wait(holder, timeout_s=30)
+            assert done.state is JobState.SUCCEEDED and done.result == {"approved": True}, worker.log()
+            types = [e.type for e in await client.events(holder)]
+            assert types == ["execution.started", "holding", "job.waiting", "job.resumed", "resumed",
+                             "job.succeeded"]
+        url = await metrics_url(worker)
+
+        async def quota_exported() -> Samples | None:  # the gauges are written at each quota heartbeat
+            samples = await scrape(url)
+            return samples if value(samples, "tenure_quota_limit", key="k") == 1 else None
+
+        samples = await eventually(quota_exported, 10, "the quota gauges on /metrics")
+        assert ("tenure_quota_in_use", frozenset({("key", "k")})) in samples
+    finally:
+        worker.stop()
