@@ -111,6 +111,7 @@ class Demo:
     workdir: Path
     t0: float = field(default_factory=time.time)
     workers: list[WorkerProc] = field(default_factory=list)
+    services: list[subprocess.Popen[bytes]] = field(default_factory=list)  # `tenure up`, the mock model
     jobs: list[Tracked] = field(default_factory=list)
     client: LocalClient | None = None
 
@@ -227,6 +228,11 @@ class Demo:
 
     def kill_all(self) -> None:
         """The last resort, from `finally`: no worker outlives the demo, whatever happened."""
+        for proc in self.services:  # `tenure up` and the mock model, each in its own process group
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(5)
         for w in self.workers:
             if w.alive():
                 w.signal_group(signal.SIGKILL)
@@ -304,6 +310,8 @@ class Demo:
                 await self.check_final()
                 self.section("5. shutdown")
                 await self.shutdown()
+                self.section("6. the gateway: HTTP + SSE, a global quota, the mock model")
+                await self.step_gateway()
             except DemoFailure as exc:
                 print(f"\nUNEXPECTED: {exc}", flush=True)
                 with contextlib.suppress(Exception):
@@ -522,6 +530,78 @@ class Demo:
         raise DemoFailure(f"worker {info.id} (pid {info.pid}) was not started by this demo")
 
     # -- reporting ---------------------------------------------------------------------------------------
+    async def step_gateway(self) -> None:
+        """`tenure up` (one gateway, two workers) and the bundled mock model: chat jobs submitted over HTTP stream
+        their tokens back over SSE, and the global quota `llm:mock` keeps the model from ever answering 429."""
+        import httpx
+
+        from tenure.client import Client
+
+        limit, jobs = 4, 12
+        model_port, gateway_port = _free_port(), _free_port()
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TENURE_")}
+        src = os.path.dirname(os.path.dirname(tenure.__file__))  # the children run this same tenure
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
+        env.update(
+            TENURE_DATABASE_URL=f"sqlite:///{self.workdir}/gateway.db", TENURE_APP=APP, TENURE_CONCURRENCY="4",
+            TENURE_QUOTAS=f"llm:mock={limit}", TENURE_MODEL_URL=f"http://127.0.0.1:{model_port}/v1",
+            TENURE_LOG_LEVEL="warning",
+        )
+        model = self._service(
+            [sys.executable, "-m", "tenure.cli", "mock-model", "--port", str(model_port), "--max-concurrency",
+             str(limit), "--latency-ms", "40", "--tokens", "12"], env, "mock-model.log")
+        up = self._service(
+            [sys.executable, "-m", "tenure.cli", "up", "--port", str(gateway_port), "--workers", "2"], env, "up.log")
+        self.log(f"mock model on :{model_port} (answers 429 above {limit} requests in flight); "
+                 f"`tenure up` on :{gateway_port} with TENURE_QUOTAS=llm:mock={limit}")
+        url = f"http://127.0.0.1:{gateway_port}"
+        async with httpx.AsyncClient(timeout=5) as http:
+
+            async def ready() -> bool | None:
+                try:
+                    r = await http.get(url + "/v1/workers")
+                except httpx.HTTPError:
+                    return None
+                return True if r.status_code == 200 and len(r.json()["workers"]) >= 2 else None
+
+            deadline = time.monotonic() + 30  # not self.until(): the workers of steps 1-5 have left on purpose
+            while not await ready():
+                if time.monotonic() > deadline or up.poll() is not None:
+                    raise DemoFailure(f"`tenure up` did not get ready (see {self.workdir / 'up.log'})")
+                await asyncio.sleep(0.1)
+            async with Client(url) as client:
+                ids = [(await client.submit("chat", {"prompt": f"question {i}", "max_tokens": 12}))["id"]
+                       for i in range(jobs)]
+                self.log(f"submitted {jobs} `chat` jobs over HTTP; following the first one's SSE stream:")
+                text, events = [], 0
+                async for event in client.stream(ids[0]):
+                    events += 1
+                    if event["type"] == "message.delta":
+                        text.append(event["payload"]["text"])
+                self.say(f"{events} events, streamed tokens: {''.join(text)!r}")
+                states = [(await client.wait(i, 60))["state"] for i in ids]
+            stats = (await http.get(f"http://127.0.0.1:{model_port}/stats")).json()
+        done = sum(1 for st in states if st == "succeeded")
+        self.log(f"{done} of {jobs} chat jobs succeeded; the mock model saw {stats['requests']} requests, "
+                 f"at most {stats['max_in_flight']} at once, and answered 429 {stats['rejected_429']} times")
+        if done != jobs or stats["rejected_429"] != 0 or stats["max_in_flight"] > limit:
+            raise DemoFailure(f"gateway step: {done}/{jobs} succeeded, model stats {stats}")
+        for proc in (up, model):
+            proc.send_signal(signal.SIGTERM)  # `tenure up` drains its workers and stops its gateway
+        for proc in (up, model):
+            try:
+                await asyncio.to_thread(proc.wait, 30)
+            except subprocess.TimeoutExpired:
+                raise DemoFailure(f"pid {proc.pid} did not stop on SIGTERM") from None
+        self.log("`tenure up` and the mock model stopped cleanly")
+
+    def _service(self, argv: list[str], env: dict[str, str], log_name: str) -> subprocess.Popen[bytes]:
+        with open(self.workdir / log_name, "wb") as log_file:
+            proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log_file,
+                                    stderr=subprocess.STDOUT, start_new_session=True, cwd=self.workdir)
+        self.services.append(proc)
+        return proc
+
     async def final_table(self) -> None:
         self.section("every job at the end (SUBMIT relative to the demo start; QWAIT and RUN in ms)")
         header = (f"{'JOB':9} {'AGENT':18} {'STATE':9} {'EPOCH':>5} {'SUBMIT':>7} {'QWAIT':>6} {'RUN':>6}  "
@@ -563,6 +643,14 @@ class Demo:
             held = ", ".join(self.label_of(j) for j in info.jobs_held) or "-"
             print(f"  {self.name(info.id):6} pid {info.pid} {info.state.value:8} heartbeat {beat}, "
                   f"holds {held}")
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def _ms(later: float | None, earlier: float | None) -> str:

@@ -98,6 +98,11 @@ def test_demo_tells_the_story_and_leaves_no_worker_behind() -> None:
     # The started job of a killed worker became lost, and its side effect happened exactly once.
     assert "the sweeper marked crash lost (owner_lost)" in out, out
     assert re.search(r"state lost, epoch 1, 1 execution, counter file = 1\b", out), out
+    # step 6: the gateway, two workers and the mock model under a quota of 4
+    assert re.search(r"(\d+) of \1 chat jobs succeeded; the mock model saw \d+ requests, at most [1-4] at once, "
+                     r"and answered 429 0 times", out), out
+    assert re.search(r"\d+ events, streamed tokens: '.+'", out), out
+    assert "`tenure up` and the mock model stopped cleanly" in out, out
     assert re.search(r"^crash\s+crash_after_effect\s+lost\s+1\s", out, re.M), out
     assert re.search(r"^long\s+sleep\s+succeeded\s+1\s", out, re.M), out
 
