@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import asyncpg
 
 from tenure.backends.postgres import _lease_ops
+from tenure.backends.postgres.store import _dsn
 from tenure.contracts.errors import LeasesUnavailable
 from tenure.contracts.store import LeaseRef, Leases
 
@@ -29,7 +30,7 @@ class PostgresLeases:
     @classmethod
     async def connect(cls, url: str, pool_size: int = 1) -> PostgresLeases:
         """Open a pool of `pool_size` connections (default one) to the database at `url`."""
-        dsn = url.replace("postgresql+asyncpg://", "postgresql://", 1)
+        dsn = _dsn(url)  # the store's URL rules, so both accept the same URLs
         try:
             pool = await asyncpg.create_pool(dsn, min_size=1, max_size=pool_size)
         except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError) as exc:
