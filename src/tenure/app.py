@@ -51,13 +51,23 @@ def load_app(spec: str) -> Tenure:
 
 
 async def open_store(settings: Settings, *, migrate: bool = True) -> Store:
-    """Open the store named by `settings.database_url`, applying migrations unless told not to."""
+    """Open the store named by `settings.database_url`, applying migrations unless told not to. With
+    `TENURE_REDIS_URL` set, its live hints (events appended, control commands) travel over Redis pub/sub
+    (backends/signals.py) instead of NOTIFY or polling."""
     url = settings.database_url
+    channel = None
+    if settings.redis_url:
+        channel = RedisChannel(settings.redis_url, prefix=settings.redis_prefix + "chan:")
     store: Store
-    if url.startswith("sqlite:"):
-        store = await SqliteStore.connect(url, synchronous=settings.sqlite_synchronous)
-    else:
-        store = await PostgresStore.connect(url)
+    try:
+        if url.startswith("sqlite:"):
+            store = await SqliteStore.connect(url, synchronous=settings.sqlite_synchronous, channel=channel)
+        else:
+            store = await PostgresStore.connect(url, channel=channel)
+    except BaseException:
+        if channel is not None:
+            await channel.close()
+        raise
     if migrate:
         try:
             await store.migrate()
@@ -223,7 +233,12 @@ async def serve_gateway(settings: Settings, host: str, port: int, *, inline: boo
             await worker_task
         await inline_resources.aclose()
 
-    gateway = Gateway(store, app.specs(), auth, gateway_config(settings), on_start=on_start, on_stop=on_stop)
+    ready_hints = open_ready_index(settings)
+    if ready_hints is not None:
+        inline_resources.push_async_callback(ready_hints.close)
+    gateway = Gateway(
+        store, app.specs(), auth, gateway_config(settings), on_start=on_start, on_stop=on_stop, ready_index=ready_hints
+    )
     config = uvicorn.Config(
         gateway.asgi, host=host, port=port, log_level="warning", lifespan="on", ws_max_size=2 * 1024 * 1024,
         timeout_graceful_shutdown=5, access_log=False,

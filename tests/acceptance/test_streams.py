@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,14 +15,19 @@ import pytest
 import websockets
 
 from tests.acceptance.up import KEYS, Up
+from tests.conftest import REDIS_URL
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture
-def up3(database_url: str, tmp_path: Path) -> Iterator[Up]:
-    """One gateway with an inline worker, plus two worker processes; one slot each."""
-    server = Up(database_url, tmp_path, workers=2, inline=True, env={"TENURE_CONCURRENCY": "1"})
+@pytest.fixture(params=["database", "redis"])
+def up3(request: pytest.FixtureRequest, database_url: str, tmp_path: Path) -> Iterator[Up]:
+    """One gateway with an inline worker, plus two worker processes; one slot each. Live hints travel through
+    the database (NOTIFY, polling) or, with TENURE_REDIS_URL, over Redis pub/sub."""
+    env = {"TENURE_CONCURRENCY": "1"}
+    if request.param == "redis":
+        env |= {"TENURE_REDIS_URL": REDIS_URL, "TENURE_REDIS_PREFIX": f"tenure-test:{uuid.uuid4().hex}:"}
+    server = Up(database_url, tmp_path, workers=2, inline=True, env=env)
     yield server
     assert server.stop() == 0, server.log()
 

@@ -5,13 +5,13 @@ replay). Seed 000: events and pub/sub make things fast, shared state makes them 
 
 Topics used by Tenure:
     quota:<key>        a slot of quota <key> was released: wake the oldest waiter (docs/quotas.md)
-    control:<worker>   a control command for one worker's executions (cancel; wired by the gateway)
-    events:<job>       a job's live events (wired by the gateway)
+    events             job ids whose history grew (the gateway's event streams; backends/signals.py)
+    control            job ids that got a cancel request or a command (their owners; backends/signals.py)
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Protocol, runtime_checkable
 
 
@@ -24,9 +24,12 @@ class Channel(Protocol):
         `LeasesUnavailable`-like `StoreUnavailable` subclasses only from the backend edge."""
         ...
 
-    def subscribe(self, topics: Sequence[str]) -> AsyncIterator[tuple[str, str]]:
+    def subscribe(
+        self, topics: Sequence[str], on_subscribed: Callable[[], None] | None = None
+    ) -> AsyncIterator[tuple[str, str]]:
         """Yield `(topic, message)` for every message published on `topics` after the subscription is in
-        place. The iterator ends (raising `StoreUnavailable`) when the connection is lost; resubscribe."""
+        place; `on_subscribed` is called once the server confirmed every topic (from then on nothing published
+        is missed). The iterator ends (raising `StoreUnavailable`) when the connection is lost; resubscribe."""
         ...
 
     async def close(self) -> None:

@@ -123,17 +123,17 @@ class Admission:
         """Validate and enqueue one job."""
         job = self.build(req)
         (out,) = await self.store.enqueue([job])
-        await self._hint([job], [out])
+        await self.hint([job], [out])
         return out
 
     async def submit_many(self, reqs: Iterable[JobRequest]) -> list[Enqueued]:
         """Validate every request first (all or nothing), then enqueue them in one batch."""
         jobs = [self.build(r) for r in reqs]
         out = await self.store.enqueue(jobs)
-        await self._hint(jobs, out)
+        await self.hint(jobs, out)
         return out
 
-    async def _hint(self, jobs: list[NewJob], enqueued: list[Enqueued]) -> None:
+    async def hint(self, jobs: list[NewJob], enqueued: list[Enqueued]) -> None:
         """Publish ready hints for the jobs created now. The index is an accelerator: if it is down, workers
         find the jobs by polling the store, so a failure here is logged, never raised."""
         if self.ready_index is None:

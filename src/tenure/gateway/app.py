@@ -32,6 +32,7 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
 from tenure.contracts.errors import IdempotencyConflict, TenureError
+from tenure.contracts.ready import ReadyIndex
 from tenure.contracts.states import JobState
 from tenure.contracts.store import Store
 from tenure.contracts.types import AgentSpec, ControlOutcome, Enqueued, Job, JobFilter, dumps, is_uuid
@@ -94,11 +95,13 @@ class Gateway:
         *,
         on_start: Callable[[], Awaitable[None]] | None = None,
         on_stop: Callable[[], Awaitable[None]] | None = None,
+        ready_index: ReadyIndex | None = None,
     ) -> None:
         self.store = store
         self.config = config or GatewayConfig()
         self.auth = auth or Auth.open()
-        self.admission = Admission(store, agents, self.config.limits)
+        # With a ready index (TENURE_REDIS_URL), a job submitted here is hinted to the workers at once.
+        self.admission = Admission(store, agents, self.config.limits, ready_index=ready_index)
         self.gate = Gate(store, self.config.gate)
         self.inflight = InFlight()
         self.hub = EventHub(store, self.config.sse_idle_s)
@@ -229,6 +232,7 @@ class Gateway:
                         return Enqueued(found[0], False)
                 raise
             (out,) = await self.store.enqueue([job])
+            await self.admission.hint([job], [out])  # wakes a worker through the ready index, if there is one
             return out
 
         if job.idem_digest is None:

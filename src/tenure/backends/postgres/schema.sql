@@ -137,11 +137,15 @@ CREATE INDEX jobs_waiting_tenant ON jobs (tenant) WHERE state IN ('queued', 'sch
 
 -- Live events: one NOTIFY per batch on `tenure_events`. The body is the batch's events as JSON when it fits
 -- under NOTIFY's 8,000-byte limit, else a reference {"jobs": [...]} (readers go to the history), else
--- {"jobs": null} (every subscriber checks its history).
+-- {"jobs": null} (every subscriber checks its history). A session with `tenure.notify_events = off` (hints over
+-- Redis pub/sub, backends/signals.py) sends nothing.
 CREATE FUNCTION tenure_notify_events(p_events text, p_jobs text[]) RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
     body text;
 BEGIN
+    IF current_setting('tenure.notify_events', true) = 'off' THEN
+        RETURN;
+    END IF;
     IF p_events IS NOT NULL AND octet_length(p_events) < 7900 THEN
         body := '{"events":' || p_events || '}';
     ELSE

@@ -1,9 +1,13 @@
 """`Store` and `Leases` on PostgreSQL with asyncpg.
 
 Connections: a small pool for the conditional updates, one connection reserved for claims, and one for
-LISTEN. The claim connection runs with `synchronous_commit = off`: a claim lost in a server crash is harmless,
-because the start CAS (committed synchronously) re-checks owner, epoch and token and matches no row. Every
-other write waits for its commit to be durable.
+LISTEN. With a `ChannelSignals` (TENURE_REDIS_URL set) the live hints — events appended, control commands —
+travel over Redis pub/sub: the pool's sessions set `tenure.notify_events = off`, so `tenure_notify_events`
+writes no NOTIFY, and the store publishes job ids after each write commits.
+
+The claim connection runs with `synchronous_commit = off`: a claim lost in a server crash is harmless, because
+the start CAS (committed synchronously) re-checks owner, epoch and token and matches no row. Every other write
+waits for its commit to be durable.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ import asyncpg
 
 from tenure.backends._queries import load_migrations, load_queries
 from tenure.backends.postgres import _lease_ops
+from tenure.backends.signals import ChannelSignals
+from tenure.contracts.channel import Channel
 from tenure.contracts.errors import (
     IdempotencyConflict,
     IllegalTransition,
@@ -134,8 +140,11 @@ class PostgresStore:
 
     dialect = "postgres"
 
-    def __init__(self, url: str, pool: asyncpg.Pool, claim_conn: asyncpg.Connection) -> None:
+    def __init__(
+        self, url: str, pool: asyncpg.Pool, claim_conn: asyncpg.Connection, signals: ChannelSignals | None = None
+    ) -> None:
         self._url = url
+        self._signals = signals
         self._pool = pool
         self._claim_conn = claim_conn
         self._claim_lock = asyncio.Lock()
@@ -153,22 +162,28 @@ class PostgresStore:
         self._control_ready = asyncio.Event()
 
     @classmethod
-    async def connect(cls, url: str, pool_size: int = 4) -> PostgresStore:
-        """Open the pool and the claim connection. Does not migrate (see `migrate`)."""
+    async def connect(cls, url: str, pool_size: int = 4, channel: Channel | None = None) -> PostgresStore:
+        """Open the pool and the claim connection. Does not migrate (see `migrate`). With a `channel`, live
+        hints go over it instead of NOTIFY (the store owns and closes it)."""
         dsn = _dsn(url)
+        settings = {"tenure.notify_events": "off"} if channel is not None else None
         with _translate("connect"):
-            pool = await asyncpg.create_pool(dsn, min_size=1, max_size=pool_size, reset=_keep_session)
+            pool = await asyncpg.create_pool(
+                dsn, min_size=1, max_size=pool_size, reset=_keep_session, server_settings=settings
+            )
             try:
                 claim_conn = await asyncpg.connect(dsn, server_settings={"synchronous_commit": "off"})
             except BaseException:
                 await pool.close()
                 raise
-        return cls(url, pool, claim_conn)
+        return cls(url, pool, claim_conn, None if channel is None else ChannelSignals(channel))
 
     async def close(self) -> None:
         if self._closed:
             return
         self._closed = True
+        if self._signals is not None:
+            await self._signals.close()
         for conn in (self._listen_conn, self._events_conn, self._control_conn, self._claim_conn):
             if conn is not None and not conn.is_closed():
                 with contextlib.suppress(*_DRIVER_ERRORS):
@@ -181,6 +196,16 @@ class PostgresStore:
         with _translate(what):
             async with self._pool.acquire() as conn:
                 yield conn
+
+    async def _events_changed(self, conn: asyncpg.Connection, job_ids: list[str]) -> None:
+        """Inside a transaction: NOTIFY that these histories grew (delivered at commit). With a channel, nothing
+        here: call `_publish_events` after the commit."""
+        if self._signals is None:
+            await conn.execute(Q["notify_events_of"], job_ids)
+
+    def _publish_events(self, job_ids: Iterable[str]) -> None:
+        if self._signals is not None:
+            self._signals.events_changed(job_ids)
 
     # -- lifecycle ---------------------------------------------------------------------------------------------
     async def schema_version(self) -> int:
@@ -290,13 +315,14 @@ class PostgresStore:
             row = await conn.fetchrow(Q["requeue_job"], job_id, tenant, _REQUEUEABLE)
             job = await conn.fetchrow(Q["get_job"], job_id, tenant)
             if row is not None:
-                await conn.execute(Q["notify_events_of"], [job_id])
+                await self._events_changed(conn, [job_id])
         if job is None:
             raise NotFound(f"no job {job_id}")
         if row is None:
             raise IllegalTransition(
                 f"job {job_id} is {job['state']}; only a finished, unsuccessful job can be requeued"
             )
+        self._publish_events([job_id])
         return _job(job)
 
     # -- ownership -----------------------------------------------------------------------------------------------
@@ -325,6 +351,7 @@ class PostgresStore:
             rows = await conn.fetch(
                 Q["start_executions"], worker_id, ids, epochs, tokens, [s.execution_id for s in starts]
             )
+        self._publish_events(r[0] for r in rows)
         out = []
         for job_id, attempt, started_at, _ in rows:
             s = by_job[job_id]
@@ -343,7 +370,9 @@ class PostgresStore:
                 cols[i].append(v)
         async with self._conn("finish") as conn:
             rows = await conn.fetch(Q["finish_executions"], *cols, worker_id)
-        return [r[0] for r in rows]
+        done = [r[0] for r in rows]
+        self._publish_events(done)
+        return done
 
     async def append_events(self, events: Sequence[NewEvent]) -> set[str]:
         if not events:
@@ -357,6 +386,7 @@ class PostgresStore:
         async with self._conn("append_events") as conn:
             rows = await conn.fetch(Q["append_events"], *cols)
             written = {r[0] for r in rows}
+            self._publish_events(written)
             fences = {e.fence.job_id: e.fence for e in events if e.fence.job_id not in written}
             if not fences:
                 return set()
@@ -459,7 +489,8 @@ class PostgresStore:
             report.workers_gone = [r[0] for r in await conn.fetch(Q["sweep_workers_gone"], worker_ttl_s)]
             changed = report.lost + report.requeued + report.dead + report.expired
             if changed:  # their histories grew (job.lost, job.expired...): one NOTIFY for the sweep
-                await conn.execute(Q["notify_events_of"], changed)
+                await self._events_changed(conn, changed)
+        self._publish_events(changed)
         return report
 
     # -- metrics -----------------------------------------------------------------------------------------------------
@@ -531,9 +562,13 @@ class PostgresStore:
         async with self._conn("cancel") as conn, conn.transaction():
             outcome = await conn.fetchval(Q["cancel_job"], job_id, tenant)
             if outcome == "accepted":
-                await conn.execute(Q["notify_events_of"], [job_id])
+                await self._events_changed(conn, [job_id])
             elif outcome == "requested":  # the owner's fast path; its heartbeat reply is the floor
-                await conn.execute(Q["notify_control"], [job_id])
+                await self._control_sent(conn, job_id)
+        if outcome == "accepted":
+            self._publish_events([job_id])
+        elif outcome == "requested":
+            self._publish_control(job_id)
         return ControlOutcome.UNKNOWN if outcome is None else ControlOutcome(outcome)
 
     async def send_command(self, job_id: str, tenant: str | None, kind: str, payload_json: str) -> ControlOutcome:
@@ -546,7 +581,8 @@ class PostgresStore:
             if JobState(state).terminal:
                 return ControlOutcome.ALREADY_FINISHED
             await conn.execute(Q["insert_command"], job_id, kind, payload_json)
-            await conn.execute(Q["notify_control"], [job_id])
+            await self._control_sent(conn, job_id)
+        self._publish_control(job_id)
         return ControlOutcome.REQUESTED
 
     async def read_commands(self, job_id: str, after_seq: int) -> list[Command]:
@@ -562,6 +598,8 @@ class PostgresStore:
                 Q["set_waiting"], f.job_id, f.epoch, f.token, event.execution_id, to, expected, event.seq,
                 event.type, event.payload_json,
             )
+        if row is not None:
+            self._publish_events([f.job_id])
         return row is not None
 
     def _on_events(self, _conn: object, _pid: int, _channel: str, body: str) -> None:
@@ -612,7 +650,19 @@ class PostgresStore:
         self._control_jobs = None  # commands may have been missed: the owner checks all its jobs
         self._control_ready.set()
 
+    async def _control_sent(self, conn: asyncpg.Connection, job_id: str) -> None:
+        """Inside a transaction: NOTIFY the owner's control listener; with a channel, `_publish_control` after
+        the commit instead."""
+        if self._signals is None:
+            await conn.execute(Q["notify_control"], [job_id])
+
+    def _publish_control(self, job_id: str) -> None:
+        if self._signals is not None:
+            self._signals.control_sent([job_id])
+
     async def wait_for_control(self, timeout_s: float) -> frozenset[str] | None:
+        if self._signals is not None:
+            return await self._signals.wait_for_control(timeout_s)
         if not self._closed and (self._control_conn is None or self._control_conn.is_closed()):
             async with self._control_lock:
                 if self._control_conn is None or self._control_conn.is_closed():
@@ -643,6 +693,8 @@ class PostgresStore:
         return frozenset(r[0] for r in cancel), {r[0]: int(r[1]) for r in seqs}
 
     async def wait_for_events(self, timeout_s: float) -> list[EventNotice]:
+        if self._signals is not None:
+            return await self._signals.wait_for_events(timeout_s)
         if not self._closed:
             await self._ensure_events_listener()
         if not self._notices:

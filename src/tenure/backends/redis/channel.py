@@ -7,7 +7,7 @@ heartbeat flags, history). Driver errors surface as `LeasesUnavailable` (a `Stor
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING
 
 from redis.asyncio import Redis
@@ -46,12 +46,21 @@ class RedisChannel:
         except RedisError as exc:
             raise LeasesUnavailable(f"Redis publish on {topic} failed: {exc}") from exc
 
-    async def subscribe(self, topics: Sequence[str]) -> AsyncIterator[tuple[str, str]]:
+    async def subscribe(
+        self, topics: Sequence[str], on_subscribed: Callable[[], None] | None = None
+    ) -> AsyncIterator[tuple[str, str]]:
         """Yield `(topic, message)` until the connection is lost (then `LeasesUnavailable`)."""
-        pubsub = self._sub_client.pubsub(ignore_subscribe_messages=True)
+        pubsub = self._sub_client.pubsub()
+        unconfirmed = {self._prefix + t for t in topics}
         try:
-            await pubsub.subscribe(*(self._prefix + t for t in topics))
+            await pubsub.subscribe(*unconfirmed)
             async for item in pubsub.listen():
+                if item.get("type") == "subscribe" and unconfirmed:
+                    channel = item["channel"]
+                    unconfirmed.discard(channel.decode() if isinstance(channel, bytes) else str(channel))
+                    if not unconfirmed and on_subscribed is not None:
+                        on_subscribed()
+                    continue
                 if item.get("type") != "message":
                     continue
                 channel = item["channel"]

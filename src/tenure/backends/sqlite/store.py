@@ -27,7 +27,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
@@ -39,6 +39,8 @@ except ImportError:  # not on POSIX: SQLite's busy handler alone orders the writ
     fcntl = None  # type: ignore[assignment]
 
 from tenure.backends._queries import load_migrations, load_queries
+from tenure.backends.signals import ChannelSignals
+from tenure.contracts.channel import Channel
 from tenure.contracts.errors import (
     ConfigError,
     IdempotencyConflict,
@@ -157,8 +159,9 @@ class SqliteStore:
 
     dialect = "sqlite"
 
-    def __init__(self, path: str, synchronous: str = "FULL") -> None:
+    def __init__(self, path: str, synchronous: str = "FULL", signals: ChannelSignals | None = None) -> None:
         self._path = path
+        self._signals = signals
         self._synchronous = synchronous
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tenure-sqlite")
         self.offload = ConnectionThread()
@@ -175,11 +178,12 @@ class SqliteStore:
         self._control_local = asyncio.Event()
 
     @classmethod
-    async def connect(cls, url: str, synchronous: str = "FULL") -> SqliteStore:
-        """Open (creating if needed) the database file in WAL mode. Does not migrate (see `migrate`)."""
+    async def connect(cls, url: str, synchronous: str = "FULL", channel: Channel | None = None) -> SqliteStore:
+        """Open (creating if needed) the database file in WAL mode. Does not migrate (see `migrate`). With a
+        `channel`, live hints travel over it instead of being polled (the store owns and closes it)."""
         if synchronous not in ("FULL", "NORMAL"):
             raise ConfigError(f"SQLite synchronous must be FULL or NORMAL, not {synchronous!r}")
-        store = cls(sqlite_path(url), synchronous)
+        store = cls(sqlite_path(url), synchronous, None if channel is None else ChannelSignals(channel))
         await store._run(store._open)
         return store
 
@@ -247,6 +251,8 @@ class SqliteStore:
     async def close(self) -> None:
         if self._closed:
             return
+        if self._signals is not None:
+            await self._signals.close()
 
         def _close() -> None:
             if self._db is not None:
@@ -363,7 +369,7 @@ class SqliteStore:
 
         job = await self._run(lambda: self._tx(fn), "requeue")
         self._wake.set()
-        self._events_local.set()
+        self._events_changed([job_id])
         return job
 
     # -- ownership -----------------------------------------------------------------------------------------------
@@ -408,7 +414,7 @@ class SqliteStore:
             return out
 
         out = await self._run(lambda: self._tx(fn), "start")
-        self._events_local.set()
+        self._events_changed(s.fence.job_id for s in out)
         return out
 
     async def finish(self, worker_id: str, finishes: Sequence[Finish]) -> list[str]:
@@ -448,7 +454,7 @@ class SqliteStore:
             return done
 
         done = await self._run(lambda: self._tx(fn), "finish")
-        self._events_local.set()
+        self._events_changed(done)
         return done
 
     async def append_events(self, events: Sequence[NewEvent]) -> set[str]:
@@ -471,7 +477,7 @@ class SqliteStore:
             return rejected
 
         rejected = await self._run(lambda: self._tx(fn), "append_events")
-        self._events_local.set()
+        self._events_changed({e.fence.job_id for e in events} - rejected)
         return rejected
 
     async def release_claims(self, worker_id: str, fences: Sequence[Fence]) -> list[str]:
@@ -590,7 +596,7 @@ class SqliteStore:
             return report
 
         report = await self._run(lambda: self._tx(fn), "sweep")
-        self._events_local.set()
+        self._events_changed(report.lost + report.requeued + report.dead + report.expired)
         if report.released or report.requeued or report.due:
             self._wake.set()
         return report
@@ -667,8 +673,10 @@ class SqliteStore:
             return ControlOutcome.ALREADY_FINISHED
 
         out = await self._run(lambda: self._tx(fn), "cancel")
-        self._events_local.set()
-        self._control_local.set()
+        if out is ControlOutcome.ACCEPTED:
+            self._events_changed([job_id])
+        elif out is ControlOutcome.REQUESTED:
+            self._control_sent([job_id])
         return out
 
     async def send_command(self, job_id: str, tenant: str | None, kind: str, payload_json: str) -> ControlOutcome:
@@ -682,7 +690,8 @@ class SqliteStore:
             return ControlOutcome.REQUESTED
 
         out = await self._run(lambda: self._tx(fn), "send_command")
-        self._control_local.set()
+        if out is ControlOutcome.REQUESTED:
+            self._control_sent([job_id])
         return out
 
     async def read_commands(self, job_id: str, after_seq: int) -> list[Command]:
@@ -705,10 +714,28 @@ class SqliteStore:
             return True
 
         ok = await self._run(lambda: self._tx(fn), "set_waiting")
-        self._events_local.set()
+        if ok:
+            self._events_changed([f.job_id])
         return ok
 
+    # -- live hints: polled here, or over the channel -----------------------------------------------------------
+    def _events_changed(self, job_ids: Iterable[str]) -> None:
+        """After a commit: these jobs' histories grew (this process's readers learn at once, others from
+        `data_version` — or all of them from the channel)."""
+        if self._signals is not None:
+            self._signals.events_changed(job_ids)
+        else:
+            self._events_local.set()
+
+    def _control_sent(self, job_ids: Iterable[str]) -> None:
+        if self._signals is not None:
+            self._signals.control_sent(job_ids)
+        else:
+            self._control_local.set()
+
     async def wait_for_control(self, timeout_s: float) -> frozenset[str] | None:
+        if self._signals is not None:
+            return await self._signals.wait_for_control(timeout_s)
         # SQLite has no NOTIFY: any commit by another connection may be a command. Polled at most every
         # _CONTROL_POLL_S, so an owner costs a few cheap reads a second, not one per commit.
         deadline = time.monotonic() + timeout_s
@@ -740,6 +767,8 @@ class SqliteStore:
         return await self._run(lambda: self._read(fn), "control_state")
 
     async def wait_for_events(self, timeout_s: float) -> list[EventNotice]:
+        if self._signals is not None:
+            return await self._signals.wait_for_events(timeout_s)
         deadline = time.monotonic() + timeout_s
         interval = _POLL_MIN_S
         while True:

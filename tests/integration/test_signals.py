@@ -1,0 +1,179 @@
+"""Live hints over Redis pub/sub (backends/signals.py) with TENURE_REDIS_URL set: events and control commands
+reach other processes' stores through Redis, PostgreSQL sends no NOTIFY for them, and a subscriber that lost
+Redis polls until it has resubscribed — against a private redis-server that the tests kill and restart."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from tenure.app import connect, open_store
+from tenure.contracts.states import JobState
+from tenure.contracts.store import Store
+from tenure.contracts.types import ControlOutcome, EventNotice, Start, new_id
+from tenure.settings import Settings
+from tests.conftest import PG_BASE
+from tests.contract.test_store import submit
+from tests.integration.procs import WorkerProc, eventually
+from tests.integration.redisproc import RedisProc
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path) -> Iterator[RedisProc]:
+    server = RedisProc(tmp_path)
+    try:
+        yield server
+    finally:
+        server.kill()
+
+
+@pytest.fixture
+async def stores(database_url: str, private_redis: RedisProc) -> AsyncIterator[tuple[Store, Store]]:
+    """Two stores on one database and one Redis, as two processes would have: a writer and a reader."""
+    settings = Settings(database_url=database_url, redis_url=private_redis.url,
+                        redis_prefix=f"tenure-test:{uuid.uuid4().hex}:")
+    writer = await open_store(settings)
+    reader = await open_store(settings, migrate=False)
+    try:
+        yield writer, reader
+    finally:
+        await reader.close()
+        await writer.close()
+
+
+async def subscribed_events(store: Store) -> None:
+    """Until the reader's subscription is in place: only a subscribed feed answers a short wait with nothing
+    (an unsubscribed one answers "anything may have changed")."""
+    async with asyncio.timeout(10):
+        while await store.wait_for_events(0.2) != []:
+            pass
+
+
+async def subscribed_control(store: Store) -> None:
+    async with asyncio.timeout(10):
+        while await store.wait_for_control(0.2) != frozenset():
+            pass
+
+
+async def started_job(store: Store) -> str:
+    job_id = await submit(store, "echo", {"x": 1})
+    [claim] = await store.claim("w1", ["echo"], [], 1, 30)
+    [started] = await store.start("w1", [Start(claim.fence, new_id())])
+    assert started.fence.job_id == job_id
+    return job_id
+
+
+async def hinted_events(store: Store, job_id: str, within_s: float = 5) -> list[EventNotice]:
+    seen: list[EventNotice] = []
+    async with asyncio.timeout(within_s):
+        while True:
+            notices = await store.wait_for_events(within_s)
+            seen += notices
+            if any(n.job_ids is not None and job_id in n.job_ids for n in notices):
+                return seen
+
+
+async def test_event_hints_travel_over_redis_to_another_store(stores: tuple[Store, Store]) -> None:
+    writer, reader = stores
+    await subscribed_events(reader)
+    job_id = await started_job(writer)  # execution.started: a history that grew
+    notices = await hinted_events(reader, job_id)
+    assert all(not n.events for n in notices), "hints carry job ids; readers go to the history"
+    assert [e.type for e in await reader.read_events(job_id, None, 10)] == ["execution.started"]
+
+
+async def test_control_hints_travel_over_redis_to_the_owners_store(stores: tuple[Store, Store]) -> None:
+    writer, reader = stores
+    job_id = await started_job(writer)
+    await subscribed_control(reader)
+    assert await writer.cancel(job_id) is ControlOutcome.REQUESTED
+    async with asyncio.timeout(5):
+        while not (hint := await reader.wait_for_control(5)):
+            pass
+    assert job_id in hint
+    cancels, _ = await reader.control_state([job_id])
+    assert cancels == {job_id}
+    assert await writer.send_command(job_id, None, "input", '{"text": "hi"}') is ControlOutcome.REQUESTED
+    async with asyncio.timeout(5):
+        while not (hint := await reader.wait_for_control(5)):
+            pass
+    assert hint == {job_id}
+
+
+async def test_a_store_with_redis_sends_no_notify_for_events_and_one_without_does(
+    pg_database_url: str, private_redis: RedisProc
+) -> None:
+    # NOTIFY is database-wide: other tests' stores notify too, so only bodies naming our jobs count.
+    listener = await asyncpg.connect(PG_BASE)
+    bodies: list[str] = []
+    await listener.add_listener("tenure_events", lambda *args: bodies.append(args[-1]))
+    try:
+        with_redis = await open_store(Settings(database_url=pg_database_url, redis_url=private_redis.url,
+                                               redis_prefix=f"tenure-test:{uuid.uuid4().hex}:"))
+        try:
+            await subscribed_events(with_redis)
+            quiet = await started_job(with_redis)
+            await hinted_events(with_redis, quiet)  # the hint went over Redis instead
+            await asyncio.sleep(0.5)
+        finally:
+            await with_redis.close()
+        without = await open_store(Settings(database_url=pg_database_url), migrate=False)
+        try:
+            loud = await started_job(without)
+
+            async def notified() -> bool:
+                return any(loud in b for b in bodies)
+
+            await eventually(notified, 5, "the NOTIFY of a store without Redis")
+        finally:
+            await without.close()
+    finally:
+        await listener.close()
+    assert not any(quiet in b for b in bodies), "a store with Redis configured sent a NOTIFY"
+
+
+async def test_a_reader_polls_while_redis_is_down_and_resubscribes_after_it_restarts(
+    stores: tuple[Store, Store], private_redis: RedisProc
+) -> None:
+    writer, reader = stores
+    await subscribed_events(reader)
+    private_redis.kill()
+    # Lost: the reader is told "anything may have changed", and again at least every second while down.
+    async with asyncio.timeout(5):
+        assert await reader.wait_for_events(5) == [EventNotice(None)]
+    for _ in range(3):
+        async with asyncio.timeout(3):
+            assert await reader.wait_for_events(5) == [EventNotice(None)]
+    private_redis.start()
+    await subscribed_events(reader)  # resubscribed on its own
+    job_id = await started_job(writer)
+    await hinted_events(reader, job_id)
+
+
+async def test_a_cancel_reaches_a_running_job_over_redis_long_before_a_heartbeat(
+    pg_database_url: str, private_redis: RedisProc, tmp_path: Path
+) -> None:
+    # Heartbeats every 30 s: only the pub/sub hint can bring the cancel to the job within seconds.
+    env = {"TENURE_REDIS_URL": private_redis.url, "TENURE_HEARTBEAT_S": "30", "TENURE_CLAIM_TTL_S": "90",
+           "TENURE_POLL_S": "1"}
+    worker = WorkerProc(pg_database_url, tmp_path, "w", env=env)
+    settings = Settings(database_url=pg_database_url, redis_url=private_redis.url)
+    try:
+        async with connect("tenure.examples:app", settings=settings) as client:
+            job_id = await client.submit("sleep", {"seconds": 120, "every": 10})
+
+            async def running() -> bool:
+                return (await client.job(job_id)).state is JobState.RUNNING
+
+            await eventually(running, 30, "the job to start")
+            await asyncio.sleep(1)  # the worker's control subscription is in place well before this
+            assert await client.store.cancel(job_id) is ControlOutcome.REQUESTED
+            job = await client.wait(job_id, timeout_s=10)
+    finally:
+        worker.stop()
+    assert job.state is JobState.CANCELLED
