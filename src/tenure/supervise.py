@@ -2,8 +2,10 @@
 
 Each child runs in its own session, so Ctrl-C reaches only the supervisor, which forwards one SIGTERM to every
 child (workers drain: unstarted claims released at once, running jobs finish) and SIGKILLs what is still
-alive after the drain timeout. A child that dies while the supervisor is not stopping is restarted with a
-growing delay (0.5 s doubling to 10 s, reset after a minute of uptime).
+alive after the drain timeout. A child that dies while the supervisor is not stopping — a crash, an OOM kill,
+a SIGKILL — is started again after its own backoff (`Backoff`: 0.5 s doubling to 10 s, reset after a minute of
+uptime). Each child is watched by a task of its own, so one child waiting out a long backoff never delays the
+restart of another (a crash-looping worker must not keep the gateway, or the other workers, down).
 """
 
 from __future__ import annotations
@@ -14,11 +16,35 @@ import os
 import signal
 import sys
 import time
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 from tenure.observability.multiprocess import process_exited
 
 log = logging.getLogger("tenure.up")
+
+
+@dataclass
+class Backoff:
+    """How long a dead child waits before it is started again: `first_s`, doubling up to `max_s` while it keeps
+    dying; a child that had been up for `reset_after_s` when it died starts over from `first_s` (one crash a
+    day is not a crash loop)."""
+
+    first_s: float = 0.5
+    max_s: float = 10.0
+    reset_after_s: float = 60.0
+    next_s: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.next_s = self.first_s
+
+    def delay_after(self, uptime_s: float) -> float:
+        """The delay before the next start of a child that died after `uptime_s` seconds of running."""
+        if uptime_s >= self.reset_after_s:
+            self.next_s = self.first_s
+        delay = self.next_s
+        self.next_s = min(delay * 2, self.max_s)
+        return delay
 
 
 @dataclass
@@ -27,9 +53,9 @@ class Child:
 
     name: str
     argv: list[str]
+    backoff: Backoff = field(default_factory=Backoff)
     proc: asyncio.subprocess.Process | None = None
     started: float = 0.0
-    delay: float = 0.5
     restarts: int = 0
 
     async def start(self, env: dict[str, str]) -> None:
@@ -54,68 +80,92 @@ async def supervise(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    exited: asyncio.Queue[Child] = asyncio.Queue()
 
-    async def watch(child: Child) -> None:
-        assert child.proc is not None
-        await child.proc.wait()
-        process_exited(child.proc.pid)  # its live gauges stop counting in the aggregated /metrics
-        await exited.put(child)
-
-    async with asyncio.TaskGroup() as tg:
-        watchers: list[asyncio.Task[None]] = []
-        for c in children:
-            await c.start(env)
-            watchers.append(tg.create_task(watch(c)))
+    def ready() -> None:
         print(
             f"tenure up: gateway on http://{host}:{port}, {workers} worker(s)"
             f"{' + 1 inline' if inline else ''}; Ctrl-C stops everything",
             file=sys.stderr,
             flush=True,
         )
-        stopper = tg.create_task(stop.wait())
-        while not stop.is_set():
-            getter = tg.create_task(exited.get())
-            await asyncio.wait({getter, stopper}, return_when=asyncio.FIRST_COMPLETED)
-            if stop.is_set():
-                getter.cancel()
-                break
-            child = getter.result()
-            assert child.proc is not None
-            log.warning(
-                "%s (pid %d) exited with %s; restarting in %.1fs",
-                child.name,
-                child.proc.pid,
-                child.proc.returncode,
-                child.delay,
-            )
-            if time.monotonic() - child.started > 60:
-                child.delay = 0.5
-            try:
-                await asyncio.wait_for(stop.wait(), child.delay)
-                break
-            except TimeoutError:
-                pass
-            child.delay = min(child.delay * 2, 10.0)
-            child.restarts += 1
-            await child.start(env)
-            watchers.append(tg.create_task(watch(child)))
-        log.info("stopping: SIGTERM to every child, waiting up to %.0fs", drain_timeout_s + 5)
-        alive = [c.proc for c in children if c.proc is not None and c.proc.returncode is None]
-        for p in alive:
-            _signal(p, signal.SIGTERM)
-        try:
-            await asyncio.wait_for(asyncio.gather(*(p.wait() for p in alive)), drain_timeout_s + 5)
-        except TimeoutError:
-            for p in alive:
-                if p.returncode is None:
-                    log.warning("pid %d did not stop in time: SIGKILL", p.pid)
-                    _signal(p, signal.SIGKILL)
-            await asyncio.gather(*(p.wait() for p in alive))
-        for w in watchers:
-            w.cancel()
+
+    await run_children(children, env, stop, kill_after_s=drain_timeout_s + 5, on_started=ready)
     print("tenure up: stopped", file=sys.stderr, flush=True)
     return 0
+
+
+async def run_children(
+    children: Sequence[Child],
+    env: dict[str, str],
+    stop: asyncio.Event,
+    *,
+    kill_after_s: float,
+    on_started: Callable[[], None] | None = None,
+) -> None:
+    """Start every child, keep each one running (restarting it after its backoff) until `stop` is set, then
+    SIGTERM every child and SIGKILL those still alive `kill_after_s` later. Returns when all have exited."""
+    for child in children:
+        await child.start(env)
+    if on_started is not None:
+        on_started()
+    async with asyncio.TaskGroup() as tg:
+        for child in children:
+            tg.create_task(_keep_running(child, env, stop, kill_after_s), name=f"supervise-{child.name}")
+        await stop.wait()
+        log.info("stopping: SIGTERM to every child, waiting up to %.0fs", kill_after_s)
+
+
+async def _keep_running(child: Child, env: dict[str, str], stop: asyncio.Event, kill_after_s: float) -> None:
+    """One child's life under the supervisor: wait for it to exit or for `stop`; restart it after its backoff."""
+    while True:
+        proc = child.proc
+        if proc is not None:
+            if not await _exited_before(proc, stop):
+                await _terminate(proc, kill_after_s)
+                process_exited(proc.pid)
+                return
+            process_exited(proc.pid)  # its live gauges stop counting in the aggregated /metrics
+            if stop.is_set():
+                return
+            what = f"{child.name} (pid {proc.pid}) exited with {proc.returncode}"
+        else:
+            what = f"{child.name} could not be started"
+        delay = child.backoff.delay_after(time.monotonic() - child.started)
+        log.warning("%s; restarting in %.1fs", what, delay)
+        try:
+            await asyncio.wait_for(stop.wait(), delay)
+            return
+        except TimeoutError:
+            pass
+        child.restarts += 1
+        try:
+            await child.start(env)
+        except OSError as exc:  # fork or exec failed (out of memory, too many processes): try again later
+            log.error("%s: starting failed: %s", child.name, exc)
+            child.proc = None
+            child.started = time.monotonic()
+
+
+async def _exited_before(proc: asyncio.subprocess.Process, stop: asyncio.Event) -> bool:
+    """Wait until the process exits (True) or `stop` is set (False), whichever comes first."""
+    async with asyncio.TaskGroup() as tg:
+        exited = tg.create_task(proc.wait())
+        stopping = tg.create_task(stop.wait())
+        await asyncio.wait({exited, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        exited.cancel()
+        stopping.cancel()
+    return proc.returncode is not None
+
+
+async def _terminate(proc: asyncio.subprocess.Process, kill_after_s: float) -> None:
+    """SIGTERM the child's session, then SIGKILL it if it is still alive after `kill_after_s`."""
+    _signal(proc, signal.SIGTERM)
+    try:
+        await asyncio.wait_for(proc.wait(), kill_after_s)
+    except TimeoutError:
+        log.warning("pid %d did not stop in time: SIGKILL", proc.pid)
+        _signal(proc, signal.SIGKILL)
+        await proc.wait()
 
 
 def _signal(proc: asyncio.subprocess.Process, sig: int) -> None:

@@ -5,12 +5,8 @@ beyond 8 requests in flight. Workers are SIGKILLed at random and restarted durin
 from __future__ import annotations
 
 import asyncio
-import os
 import random
-import selectors
 import signal
-import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,61 +14,16 @@ from pathlib import Path
 import httpx
 import pytest
 
-import tenure.mock_model
 from tenure.app import connect
 from tenure.contracts.states import JobState
 from tenure.control.admission import JobRequest
+from tests.integration.mockmodel import start_mock_model, stop_process
 from tests.integration.procs import WorkerProc
 from tests.integration.redisproc import RedisProc
 
 pytestmark = pytest.mark.slow
 
 MODEL_LIMIT = 8
-
-
-def start_mock_model(
-    max_concurrency: int, latency_ms: float, tokens: int = 8
-) -> tuple[subprocess.Popen[str], str]:
-    """`python -m tenure.mock_model` on a free port: the process and its base URL (`.../v1`)."""
-    src = Path(tenure.mock_model.__file__).resolve().parents[1]
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(src), env.get("PYTHONPATH")) if p)
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "tenure.mock_model",
-            "--port",
-            "0",
-            "--max-concurrency",
-            str(max_concurrency),
-            "--latency-ms",
-            str(latency_ms),
-            "--tokens",
-            str(tokens),
-        ],
-        stdout=subprocess.PIPE,
-        env=env,
-        text=True,
-        start_new_session=True,
-    )
-    assert process.stdout is not None
-    with selectors.DefaultSelector() as selector:
-        selector.register(process.stdout, selectors.EVENT_READ)
-        if not selector.select(timeout=30):
-            process.kill()
-            pytest.fail("the mock model did not start within 30 s")
-    line = process.stdout.readline()
-    assert line.startswith("mock model listening on http://"), line
-    return process, line.rsplit(" ", 1)[1].strip().rstrip("/") + "/v1"
-
-
-def stop_process(process: subprocess.Popen[str]) -> None:
-    if process.poll() is None:
-        process.kill()
-    process.wait(10)
-    if process.stdout is not None:
-        process.stdout.close()
 
 
 @pytest.fixture
