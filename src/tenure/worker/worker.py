@@ -20,7 +20,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -424,9 +424,20 @@ class Worker:
                 self._slot_freed.clear()
                 await self._wait_any(self._slot_freed.wait(), cfg.poll_s)
                 continue
+            # Claim and start in one store transaction (one round trip), unless a worker quota must be held
+            # per claim or a fault is to be injected between the two conditional updates.
+            together = not self._quota_agents and not self.faults.armed("after_claim")
             try:
-                claims = await self._claim(free)
+                if together:
+                    pairs = await self.store.claim_and_start(
+                        self.id, self.agents, cfg.capabilities, free, cfg.claim_ttl_s
+                    )
+                    claims = [c for c, _ in pairs]
+                else:
+                    claims = await self._claim(free)
             except StoreUnavailable as exc:
+                # A claim_and_start that committed before the error left running jobs nobody renews: the
+                # sweeper marks them lost after the claim TTL, as after a failed start.
                 log.warning("claim failed: %s", exc)
                 await self._wait_any(self._stopping.wait(), cfg.poll_s)
                 continue
@@ -435,6 +446,10 @@ class Worker:
                 continue
             self._busy += len(claims)
             self._obs.claimed(claims)
+            if together:
+                self._launch(pairs, claimed=False)
+                await self.faults.hit("after_start", {c.agent for c in claims})
+                continue
             for c in claims:
                 self._claimed[c.fence.job_id] = c
             await self.faults.hit("after_claim", {c.agent for c in claims}, self._stopping)
@@ -628,10 +643,16 @@ class Worker:
             log.warning("start failed, giving up %d claims: %s", len(claims), exc)
             started = []
         by_job = {s.fence.job_id: s for s in started}
-        for c in claims:
+        self._launch([(c, by_job.get(c.fence.job_id)) for c in claims], claimed=True)
+        if started:
+            await self.faults.hit("after_start", {c.agent for c in claims})
+
+    def _launch(self, pairs: Sequence[tuple[Claim, Started | None]], claimed: bool) -> None:
+        """Spawn the execution of every claim whose start matched; free the slots of the others. `claimed`:
+        the claims were held in `_claimed` (claimed and started in two steps) until now."""
+        for c, s in pairs:
             # A claim given up meanwhile (heartbeat said lost, or self-fencing) already freed its slot.
-            still_held = self._claimed.pop(c.fence.job_id, None) is not None
-            s = by_job.get(c.fence.job_id)
+            still_held = self._claimed.pop(c.fence.job_id, None) is not None if claimed else True
             agent = self.app.get(c.agent)
             self._obs.started(c, s)
             if s is None or agent is None:
@@ -649,8 +670,6 @@ class Worker:
             self._running[c.fence.job_id] = ex
             assert self._executions is not None
             ex.task = self._executions.create_task(self._execute(ex), name=f"job-{c.fence.job_id}")
-        if started:
-            await self.faults.hit("after_start", {c.agent for c in claims})
 
     def _free_slot(self) -> None:
         self._busy -= 1

@@ -50,6 +50,7 @@ from tenure.contracts.types import (
     SweepReport,
     WorkerInfo,
     is_uuid,
+    new_id,
     new_token,
 )
 
@@ -134,10 +135,13 @@ class PostgresStore:
 
     dialect = "postgres"
 
-    def __init__(self, url: str, pool: asyncpg.Pool, claim_conn: asyncpg.Connection) -> None:
+    def __init__(
+        self, url: str, pool: asyncpg.Pool, claim_conn: asyncpg.Connection, claim_start: bool = False
+    ) -> None:
         self._url = url
         self._pool = pool
         self._claim_conn = claim_conn
+        self._claim_start = claim_start  # pg_temp.tenure_claim_start exists on the claim connection
         self._claim_lock = asyncio.Lock()
         self._listen_conn: asyncpg.Connection | None = None
         self._listen_lock = asyncio.Lock()
@@ -163,7 +167,17 @@ class PostgresStore:
             except BaseException:
                 await pool.close()
                 raise
-        return cls(url, pool, claim_conn)
+        claim_start = True
+        try:
+            await claim_conn.execute(Q["claim_start_function"])
+        except asyncpg.PostgresError as exc:  # e.g. no TEMP privilege: claim and start in two round trips
+            log.warning("pg_temp.tenure_claim_start not created, claiming and starting separately: %s", exc)
+            claim_start = False
+        except BaseException:
+            await claim_conn.close()
+            await pool.close()
+            raise
+        return cls(url, pool, claim_conn, claim_start)
 
     async def close(self) -> None:
         if self._closed:
@@ -314,6 +328,32 @@ class PostgresStore:
         return [
             Claim(Fence(r[0], r[1], token), r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10]) for r in rows
         ]
+
+    async def claim_and_start(
+        self, worker_id: str, agents: Sequence[str], capabilities: Sequence[str], limit: int, ttl_s: float
+    ) -> list[tuple[Claim, Started]]:
+        if limit <= 0:
+            return []
+        if not self._claim_start:
+            claims = await self.claim(worker_id, agents, capabilities, limit, ttl_s)
+            by_job = {c.fence.job_id: c for c in claims}
+            started = await self.start(worker_id, [Start(c.fence, new_id()) for c in claims])
+            return [(by_job[s.fence.job_id], s) for s in started]
+        token = new_token()
+        executions = [new_id() for _ in range(limit)]
+        async with self._claim_lock:
+            with _translate("claim_and_start"):
+                rows = await self._claim_conn.fetch(
+                    Q["claim_and_start"], worker_id, list(agents), list(capabilities), limit, ttl_s, token,
+                    executions,
+                )
+        out = []
+        for r in rows:
+            fence = Fence(r[0], r[1], token)
+            # The start added one attempt to the claim's count.
+            claim = Claim(fence, r[2], r[3], r[4] - 1, r[5], r[6], r[7], r[8], r[9], r[10])
+            out.append((claim, Started(fence, r[11], r[12], r[4])))
+        return out
 
     async def start(self, worker_id: str, starts: Sequence[Start]) -> list[Started]:
         if not starts:
