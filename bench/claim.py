@@ -148,7 +148,8 @@ class Target:
                    (SELECT count(*) FROM executions WHERE outcome = 'succeeded'),
                    (SELECT count(*) FROM events WHERE type = 'execution.started'),
                    (SELECT count(*) FROM events WHERE type = 'job.succeeded'),
-                   (SELECT count(*) FROM events)
+                   (SELECT count(*) FROM events),
+                   count(DISTINCT claimed_at), count(DISTINCT finished_at)
               FROM jobs"""
         pg = """
             SELECT count(*), count(*) FILTER (WHERE state = 'succeeded'), count(*) FILTER (WHERE attempts = 1),
@@ -158,16 +159,21 @@ class Target:
                    (SELECT count(*) FROM executions WHERE outcome = 'succeeded'),
                    (SELECT count(*) FROM events WHERE type = 'execution.started'),
                    (SELECT count(*) FROM events WHERE type = 'job.succeeded'),
-                   (SELECT count(*) FROM events)
+                   (SELECT count(*) FROM events),
+                   count(DISTINCT claimed_at), count(DISTINCT finished_at)
               FROM jobs"""
         (jobs, succeeded, attempts1, epoch1, first_start, last_finish, execs, exec_jobs, exec_ok, ev_started,
-         ev_succeeded, ev_total) = (await self.query(lite, pg))[0]
+         ev_succeeded, ev_total, claim_times, finish_times) = (await self.query(lite, pg))[0]
         ok = (jobs == n and succeeded == n and attempts1 == n and execs == n and exec_jobs == n and exec_ok == n
               and ev_started == n and ev_succeeded == n)
         return {
             "ok": bool(ok), "jobs": jobs, "succeeded": succeeded, "attempts_1": attempts1, "claimed_once": epoch1,
             "executions": execs, "jobs_with_execution": exec_jobs, "events": ev_total,
             "first_start": first_start, "last_finish": last_finish,
+            # Jobs per claim and per finish transaction: one transaction stamps its rows with one now()
+            # (PostgreSQL; SQLite's clock advances between statements, so its finish figure means nothing).
+            "jobs_per_claim": round(n / claim_times, 2) if claim_times else None,
+            "jobs_per_finish": None if self.is_sqlite or not finish_times else round(n / finish_times, 2),
         }
 
 
@@ -344,7 +350,8 @@ def _median(runs: list[dict[str, Any]], key: str) -> Any:
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     ok = [r for r in runs if r.get("ok")]
     keys = ("drain_jobs_s", "jobs_s_incl_startup", "enqueue_jobs_s", "worker_cpu_ms_per_job",
-            "worker_cpu_drain_ms_per_job", "postgres_cpu_ms_per_job", "transactions_per_job")
+            "worker_cpu_drain_ms_per_job", "postgres_cpu_ms_per_job", "transactions_per_job", "jobs_per_claim",
+            "jobs_per_finish")
     out: dict[str, Any] = {"reps": len(runs), "reps_ok": len(ok)}
     for k in keys:
         out[k] = {"median": _median(ok, k), "min": min((r[k] for r in ok if r.get(k) is not None), default=None),
@@ -367,6 +374,8 @@ def render(runs: list[dict[str, Any]], summary: dict[str, Any], store: str) -> s
         ("worker CPU ms per job, drain window only", "worker_cpu_drain_ms_per_job"),
         ("postgres CPU ms per job (all server processes, launch → drained)", "postgres_cpu_ms_per_job"),
         ("postgres transactions per job (whole database, launch → drained)", "transactions_per_job"),
+        ("jobs per claim transaction", "jobs_per_claim"),
+        ("jobs per finish transaction (PostgreSQL)", "jobs_per_finish"),
     ]
     lines = [
         f"store: {store}; N={runs[0]['n']}; {runs[0]['workers']} workers x concurrency {runs[0]['concurrency']}; "
