@@ -1,8 +1,10 @@
 """The worker: claim only with a free slot, start with the start CAS, run, finish with the finish CAS.
 
-    claim loop ── claim(free slots) ── start CAS (batch) ── spawn executions
+    claim loop ── claim(free slots) + start CAS (batch), one transaction ── spawn executions
+                  (claim, then start, in two round trips while an after_claim fault is armed or with worker quotas)
     executions ── handler(ctx, input) ── events → writer ── finish → writer
-    writer     ── one batch of fenced event appends, then one batch of finish CAS, per round trip
+    writer     ── one batch of fenced event appends, then one batch of finish CAS, per round trip (lingering a
+                  few ms when nobody waits, so that more finishes share a commit)
     heartbeat  ── one round trip per interval renews every held claim; learns of cancels and losses
     sweeper    ── only while holding the `duty:sweeper` lease: release, lose, expire, reschedule
 

@@ -3,7 +3,8 @@
 Connections: a small pool for the conditional updates, one connection reserved for claims, and one for
 LISTEN. The claim connection runs with `synchronous_commit = off`: a claim lost in a server crash is harmless,
 because the start CAS (committed synchronously) re-checks owner, epoch and token and matches no row. Every
-other write waits for its commit to be durable.
+other write waits for its commit to be durable, `claim_and_start` included: its function (created in `pg_temp`
+on the claim connection, see queries.sql) turns `synchronous_commit` on for its own transaction.
 """
 
 from __future__ import annotations
