@@ -49,10 +49,20 @@ _TERMINAL = ("succeeded", "failed", "cancelled", "lost", "expired", "dead")
 app = tenure.Tenure()
 
 
+_redis: Any = None
+
+
 @app.agent(AGENT)
 async def noop(ctx: tenure.Context, input: Any) -> None:
     if input["sleep_s"]:  # --sleep-ms: a job that waits on I/O this long (0: returns at once)
         await asyncio.sleep(input["sleep_s"])
+    if input.get("redis"):  # --redis: one INCR round trip, like the peer harness's Lua call
+        global _redis
+        if _redis is None:
+            import redis.asyncio
+
+            _redis = redis.asyncio.Redis.from_url(input["redis"])
+        await _redis.incr("tenure-claim-bench")
 
 
 # -- stores: fresh state and read-only inspection ---------------------------------------------------------------
@@ -115,6 +125,16 @@ class Target:
             return self._conn.execute(sql_sqlite).fetchall()
         return [tuple(r) for r in await self._conn.fetch(sql_pg)]
 
+    async def transactions(self) -> int | None:
+        """Committed + rolled-back transactions of the whole database so far (PostgreSQL; the statistics
+        collector lags by up to 0.5 s, and other users of the database count too)."""
+        if self.is_sqlite:
+            return None
+        await self._conn.execute("SELECT pg_stat_clear_snapshot()")
+        await asyncio.sleep(0.6)
+        return int(await self._conn.fetchval(
+            "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = current_database()"))
+
     async def unfinished(self) -> int:
         states = ",".join(f"'{s}'" for s in _TERMINAL)
         sql = f"SELECT count(*) FROM jobs WHERE state NOT IN ({states})"
@@ -128,7 +148,8 @@ class Target:
                    (SELECT count(*) FROM executions WHERE outcome = 'succeeded'),
                    (SELECT count(*) FROM events WHERE type = 'execution.started'),
                    (SELECT count(*) FROM events WHERE type = 'job.succeeded'),
-                   (SELECT count(*) FROM events)
+                   (SELECT count(*) FROM events),
+                   count(DISTINCT claimed_at), count(DISTINCT finished_at)
               FROM jobs"""
         pg = """
             SELECT count(*), count(*) FILTER (WHERE state = 'succeeded'), count(*) FILTER (WHERE attempts = 1),
@@ -138,16 +159,21 @@ class Target:
                    (SELECT count(*) FROM executions WHERE outcome = 'succeeded'),
                    (SELECT count(*) FROM events WHERE type = 'execution.started'),
                    (SELECT count(*) FROM events WHERE type = 'job.succeeded'),
-                   (SELECT count(*) FROM events)
+                   (SELECT count(*) FROM events),
+                   count(DISTINCT claimed_at), count(DISTINCT finished_at)
               FROM jobs"""
         (jobs, succeeded, attempts1, epoch1, first_start, last_finish, execs, exec_jobs, exec_ok, ev_started,
-         ev_succeeded, ev_total) = (await self.query(lite, pg))[0]
+         ev_succeeded, ev_total, claim_times, finish_times) = (await self.query(lite, pg))[0]
         ok = (jobs == n and succeeded == n and attempts1 == n and execs == n and exec_jobs == n and exec_ok == n
               and ev_started == n and ev_succeeded == n)
         return {
             "ok": bool(ok), "jobs": jobs, "succeeded": succeeded, "attempts_1": attempts1, "claimed_once": epoch1,
             "executions": execs, "jobs_with_execution": exec_jobs, "events": ev_total,
             "first_start": first_start, "last_finish": last_finish,
+            # Jobs per claim and per finish transaction: one transaction stamps its rows with one now()
+            # (PostgreSQL; SQLite's clock advances between statements, so its finish figure means nothing).
+            "jobs_per_claim": round(n / claim_times, 2) if claim_times else None,
+            "jobs_per_finish": None if self.is_sqlite or not finish_times else round(n / finish_times, 2),
         }
 
 
@@ -243,7 +269,8 @@ async def run_once(target: Target, args: argparse.Namespace) -> dict[str, Any]:
         t0 = time.perf_counter()
         for i in range(0, n, CHUNK):
             await client.submit_many(
-                [tenure.JobRequest(AGENT, {"i": j, "sleep_s": args.sleep_ms / 1000}) for j in range(i, min(n, i + CHUNK))]
+                [tenure.JobRequest(AGENT, {"i": j, "sleep_s": args.sleep_ms / 1000, "redis": args.redis})
+                 for j in range(i, min(n, i + CHUNK))]
             )
         enq_s = time.perf_counter() - t0
     rec["enqueue_s"] = round(enq_s, 4)
@@ -259,6 +286,7 @@ async def run_once(target: Target, args: argparse.Namespace) -> dict[str, Any]:
     procs: list[subprocess.Popen[bytes]] = []
     logs: list[Any] = []
     await target.open()
+    xacts0 = await target.transactions()
     snap0 = _snapshot()
     t_launch = time.time()
     try:
@@ -291,6 +319,9 @@ async def run_once(target: Target, args: argparse.Namespace) -> dict[str, Any]:
         for log in logs:
             log.close()
     try:
+        xacts1 = await target.transactions()  # after the workers' backends exited (they flush their statistics)
+        if xacts0 is not None and xacts1 is not None:
+            rec["transactions_per_job"] = round((xacts1 - xacts0) / n, 3)
         v = await target.verify(n)
     finally:
         await target.close()
@@ -319,7 +350,8 @@ def _median(runs: list[dict[str, Any]], key: str) -> Any:
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     ok = [r for r in runs if r.get("ok")]
     keys = ("drain_jobs_s", "jobs_s_incl_startup", "enqueue_jobs_s", "worker_cpu_ms_per_job",
-            "worker_cpu_drain_ms_per_job", "postgres_cpu_ms_per_job")
+            "worker_cpu_drain_ms_per_job", "postgres_cpu_ms_per_job", "transactions_per_job", "jobs_per_claim",
+            "jobs_per_finish")
     out: dict[str, Any] = {"reps": len(runs), "reps_ok": len(ok)}
     for k in keys:
         out[k] = {"median": _median(ok, k), "min": min((r[k] for r in ok if r.get(k) is not None), default=None),
@@ -341,6 +373,9 @@ def render(runs: list[dict[str, Any]], summary: dict[str, Any], store: str) -> s
         ("worker CPU ms per job, incl. start-up (both processes)", "worker_cpu_ms_per_job"),
         ("worker CPU ms per job, drain window only", "worker_cpu_drain_ms_per_job"),
         ("postgres CPU ms per job (all server processes, launch → drained)", "postgres_cpu_ms_per_job"),
+        ("postgres transactions per job (whole database, launch → drained)", "transactions_per_job"),
+        ("jobs per claim transaction", "jobs_per_claim"),
+        ("jobs per finish transaction (PostgreSQL)", "jobs_per_finish"),
     ]
     lines = [
         f"store: {store}; N={runs[0]['n']}; {runs[0]['workers']} workers x concurrency {runs[0]['concurrency']}; "
@@ -411,6 +446,8 @@ def main() -> int:
     ap.add_argument("--concurrency", type=int, default=10, help="slots per worker (default 10)")
     ap.add_argument("--sleep-ms", type=float, default=0.0,
                     help="each job awaits asyncio.sleep this long (default 0: a no-op job)")
+    ap.add_argument("--redis", default=None, metavar="URL",
+                    help="each job also makes one INCR round trip to this Redis (like the peer harness's job)")
     ap.add_argument("--synchronous", choices=("FULL", "NORMAL"), default="FULL",
                     help="SQLite synchronous (TENURE_SQLITE_SYNCHRONOUS; default FULL, Tenure's default)")
     ap.add_argument("--reps", type=int, default=1, help="repetitions; the table shows median/min/max")

@@ -140,6 +140,33 @@ async def test_claim_respects_limit_priority_agents_and_capabilities(store: Stor
     assert [c.fence.job_id for c in await store.claim(W1, ["echo"], [], 5, TTL)] == [low]
 
 
+async def test_claim_and_start_runs_each_claimable_job_once_in_one_step(store: Store) -> None:
+    low = await submit(store, priority=0)
+    high = await submit(store, priority=9)
+    taken = await submit(store)
+    (other,) = await store.claim(W2, ["echo"], [], 1, TTL)  # owned by W2: not claimable
+    assert other.fence.job_id == high
+    await submit(store, "gpu")  # lacks the capability
+    pairs = await store.claim_and_start(W1, ["echo", "gpu"], [], 1, TTL)
+    assert [c.fence.job_id for c, _ in pairs] == [low]
+    pairs += await store.claim_and_start(W1, ["echo", "gpu"], [], 5, TTL)
+    assert sorted(c.fence.job_id for c, _ in pairs) == sorted([low, taken])
+    assert await store.claim_and_start(W1, ["echo", "gpu"], [], 5, TTL) == []
+    for claim, started in pairs:
+        assert claim.fence == started.fence and claim.fence.epoch == 1
+        assert claim.attempts == 0 and started.attempt == 1 and claim.agent == "echo"
+        job = await store.get_job(claim.fence.job_id)
+        assert job is not None and job.state is JobState.RUNNING and job.owner == W1
+        assert job.execution_id == started.execution_id and job.execution_started_at is not None
+        events = await store.read_events(claim.fence.job_id, None, 10)
+        assert [(e.type, e.epoch, e.seq, e.execution_id) for e in events] == [
+            ("execution.started", 1, 1, started.execution_id)]
+        # The fence it returns is the one every later write must carry.
+        assert await store.finish(W1, [finish(started.fence, started.execution_id)]) == [claim.fence.job_id]
+    # W2's claim is untouched: still claimed, unstarted, and its own start CAS still matches.
+    assert [s.fence for s in await store.start(W2, [Start(other.fence, new_id())])] == [other.fence]
+
+
 async def test_claim_skips_jobs_past_their_deadline(store: Store) -> None:
     await submit(store, deadline_s=0.05)
     await asyncio.sleep(0.15)

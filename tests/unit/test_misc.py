@@ -48,3 +48,32 @@ def test_fault_rules_parse_and_reject_nonsense() -> None:
     for bad in ("nowhere=stop", "after_claim", "after_claim=explode", "after_claim=sleep:x"):
         with pytest.raises(ConfigError):
             Faults.parse(bad)
+
+
+def _where_lines(sql: str, marker: str) -> list[str]:
+    """The condition lines of the UPDATE that follows `marker`, whitespace-normalised."""
+    body = sql[sql.index(marker):]
+    lines = body[body.index(" WHERE "):].splitlines()
+    out = []
+    for line in lines:
+        line = " ".join(line.split())
+        if not (line.startswith(("WHERE", "AND"))):
+            break
+        out.append(line)
+    return out
+
+
+def test_claim_start_function_keeps_every_condition_of_the_claim_and_the_start() -> None:
+    q = load_queries("tenure.backends.postgres")
+    fn = q["claim_start_function"].replace("p_worker", "$1").replace("p_token", "$6")
+    claim = _where_lines(q["claim_jobs"], "UPDATE jobs AS j")
+    start = _where_lines(q["start_executions"], "UPDATE jobs AS j")
+    assert len(claim) == 3 and len(start) == 2
+    assert _where_lines(fn, "UPDATE jobs AS j") == claim
+    assert _where_lines(fn[fn.index("The start CAS"):], "UPDATE jobs AS j") == start
+    candidates = q["claim_jobs"][q["claim_jobs"].index("WHERE state"):q["claim_jobs"].index("FOR UPDATE")]
+    fn_candidates = fn[fn.index("WHERE state"):fn.index("FOR UPDATE")]
+    normal = {"$2::text[]": "p_agents", "$3::text[]": "p_caps", "$4": "p_limit"}
+    for k, v in normal.items():
+        candidates = candidates.replace(k, v)
+    assert " ".join(fn_candidates.split()) == " ".join(candidates.split())

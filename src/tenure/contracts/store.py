@@ -88,6 +88,15 @@ class Store(Protocol):
         """Claim up to `limit` unowned, unstarted queued jobs (epoch + 1, a new token each)."""
         ...
 
+    async def claim_and_start(
+        self, worker_id: str, agents: Sequence[str], capabilities: Sequence[str], limit: int, ttl_s: float
+    ) -> list[tuple[Claim, Started]]:
+        """The claim CAS and then the start CAS of every job it claimed, in one transaction (one round trip,
+        one durable commit): the same two conditional updates as `claim` followed by `start`, each with all
+        its conditions, under a new execution id per job; appends `execution.started`. Returns each claim
+        with its start. No claimed-but-unstarted state is left behind to release or recover."""
+        ...
+
     async def start(self, worker_id: str, starts: Sequence[Start]) -> list[Started]:
         """The start CAS for each claim (owner, epoch, token must match); appends `execution.started`.
         Returns the starts that matched."""

@@ -68,6 +68,10 @@ class Faults:
             rules.append(_Rule(point, agent or None, action, seconds))
         return cls(rules)
 
+    def armed(self, point: str) -> bool:
+        """Whether a rule for `point` has yet to fire (the worker then keeps that point reachable)."""
+        return any(not rule.fired and rule.point == point for rule in self.rules)
+
     async def hit(self, point: str, agents: set[str], interrupt: asyncio.Event | None = None) -> None:
         """Run the first unfired rule for `point` (and one of `agents`). A sleep ends early on `interrupt`."""
         for rule in self.rules:

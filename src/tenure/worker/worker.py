@@ -1,8 +1,10 @@
 """The worker: claim only with a free slot, start with the start CAS, run, finish with the finish CAS.
 
-    claim loop ── claim(free slots) ── start CAS (batch) ── spawn executions
+    claim loop ── claim(free slots) + start CAS (batch), one transaction ── spawn executions
+                  (claim, then start, in two round trips while an after_claim fault is armed or with worker quotas)
     executions ── handler(ctx, input) ── events → writer ── finish → writer
-    writer     ── one batch of fenced event appends, then one batch of finish CAS, per round trip
+    writer     ── one batch of fenced event appends, then one batch of finish CAS, per round trip (lingering a
+                  few ms when nobody waits, so that more finishes share a commit)
     heartbeat  ── one round trip per interval renews every held claim; learns of cancels and losses
     sweeper    ── only while holding the `duty:sweeper` lease: release, lose, expire, reschedule
 
@@ -20,7 +22,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -87,6 +89,9 @@ class WorkerConfig:
     blocking_queue_timeout_s: float = 60.0
     retry_base_s: float = 1.0
     retry_cap_s: float = 300.0
+    # The writer waits this long before a round trip nobody is waiting on (finishes, unflushed events), so
+    # that more of them share its commit. 0 writes at once.
+    write_linger_s: float = 0.003
     # Observability (docs/observability.md): the lag sampler, its stall log, and lag-aware liveness.
     lag_interval_s: float = 0.05
     stall_threshold_s: float = 0.25
@@ -111,8 +116,12 @@ class _Writer:
     """Group commit for one worker: whatever events and finishes are pending when a round trip can start go
     together — events first (so a job's history is complete before its finish), then finishes."""
 
-    def __init__(self, store: Store, worker_id: str, on_rejected: Callable[[str], None]) -> None:
+    def __init__(
+        self, store: Store, worker_id: str, on_rejected: Callable[[str], None], linger_s: float = 0.0, full: int = 1
+    ) -> None:
         self._store = store
+        self._linger_s = linger_s
+        self._full = full  # this many pending finishes make a batch worth sending without lingering
         self._worker_id = worker_id
         self._on_rejected = on_rejected
         self._events: list[NewEvent] = []
@@ -149,6 +158,10 @@ class _Writer:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
+            if self._linger_s > 0 and not (self._flushes or self._closing) and len(self._finishes) < self._full:
+                # Nobody waits on this write: let the finishes of jobs ending in the next moments share its
+                # round trip and commit (batches of ~6 grow to ~15 in a drain; a result shows up that much later).
+                await asyncio.sleep(self._linger_s)
             events, flushes, finishes = self._events, self._flushes, self._finishes
             self._events, self._flushes, self._finishes = [], [], []
             try:
@@ -361,7 +374,9 @@ class Worker:
         self._slot_freed = asyncio.Event()
         self._stopping = asyncio.Event()
         self._shutting_down = False
-        self._writer = _Writer(store, self.id, self._lose)
+        self._writer = _Writer(
+            store, self.id, self._lose, self.config.write_linger_s, max(1, self.config.concurrency)
+        )
         self._adapter = BlockingAdapter(
             "worker", self.config.blocking_max_in_flight, self.config.blocking_max_queued,
             self.config.blocking_queue_timeout_s,
@@ -424,9 +439,20 @@ class Worker:
                 self._slot_freed.clear()
                 await self._wait_any(self._slot_freed.wait(), cfg.poll_s)
                 continue
+            # Claim and start in one store transaction (one round trip), unless a worker quota must be held
+            # per claim or a fault is to be injected between the two conditional updates.
+            together = not self._quota_agents and not self.faults.armed("after_claim")
             try:
-                claims = await self._claim(free)
+                if together:
+                    pairs = await self.store.claim_and_start(
+                        self.id, self.agents, cfg.capabilities, free, cfg.claim_ttl_s
+                    )
+                    claims = [c for c, _ in pairs]
+                else:
+                    claims = await self._claim(free)
             except StoreUnavailable as exc:
+                # A claim_and_start that committed before the error left running jobs nobody renews: the
+                # sweeper marks them lost after the claim TTL, as after a failed start.
                 log.warning("claim failed: %s", exc)
                 await self._wait_any(self._stopping.wait(), cfg.poll_s)
                 continue
@@ -435,6 +461,10 @@ class Worker:
                 continue
             self._busy += len(claims)
             self._obs.claimed(claims)
+            if together:
+                self._launch(pairs, claimed=False)
+                await self.faults.hit("after_start", {c.agent for c in claims})
+                continue
             for c in claims:
                 self._claimed[c.fence.job_id] = c
             await self.faults.hit("after_claim", {c.agent for c in claims}, self._stopping)
@@ -628,10 +658,16 @@ class Worker:
             log.warning("start failed, giving up %d claims: %s", len(claims), exc)
             started = []
         by_job = {s.fence.job_id: s for s in started}
-        for c in claims:
+        self._launch([(c, by_job.get(c.fence.job_id)) for c in claims], claimed=True)
+        if started:
+            await self.faults.hit("after_start", {c.agent for c in claims})
+
+    def _launch(self, pairs: Sequence[tuple[Claim, Started | None]], claimed: bool) -> None:
+        """Spawn the execution of every claim whose start matched; free the slots of the others. `claimed`:
+        the claims were held in `_claimed` (claimed and started in two steps) until now."""
+        for c, s in pairs:
             # A claim given up meanwhile (heartbeat said lost, or self-fencing) already freed its slot.
-            still_held = self._claimed.pop(c.fence.job_id, None) is not None
-            s = by_job.get(c.fence.job_id)
+            still_held = self._claimed.pop(c.fence.job_id, None) is not None if claimed else True
             agent = self.app.get(c.agent)
             self._obs.started(c, s)
             if s is None or agent is None:
@@ -649,8 +685,6 @@ class Worker:
             self._running[c.fence.job_id] = ex
             assert self._executions is not None
             ex.task = self._executions.create_task(self._execute(ex), name=f"job-{c.fence.job_id}")
-        if started:
-            await self.faults.hit("after_start", {c.agent for c in claims})
 
     def _free_slot(self) -> None:
         self._busy -= 1

@@ -113,6 +113,95 @@ SELECT id::text, attempts, extract(epoch FROM execution_started_at)::float8 AS s
        (SELECT count(*) FROM wake) AS woke
   FROM s
 
+-- name: claim_start_function --
+-- Created once on each claim connection: `pg_temp.tenure_claim_start`, the claim CAS and then the start CAS.
+-- A session-local function (pg_temp) needs no migration and goes away with its connection. Its two statements
+-- are claim_jobs and the jobs UPDATE of start_executions, conditions unchanged: the claim takes up to p_limit
+-- unowned, unstarted queued jobs with epoch + 1 and the token; the start then matches each of them only by
+-- owner, epoch, token and an unstarted claim, exactly as a start sent in its own round trip would. It sets
+-- synchronous_commit on for its transaction: the claim commits with the start, durably. Keep the conditions
+-- in step with claim_jobs and start_executions (tests/unit/test_misc.py compares them).
+CREATE OR REPLACE FUNCTION pg_temp.tenure_claim_start(
+    p_worker text, p_agents text[], p_caps text[], p_limit int4, p_ttl float8, p_token int8, p_executions uuid[]
+) RETURNS TABLE (o_id uuid, o_epoch int4, o_execution_id uuid, o_attempts int4, o_started_at timestamptz,
+                 o_agent text, o_input text, o_max_attempts int4, o_timeout_s float8, o_retry_safe bool,
+                 o_tenant text, o_created_at float8, o_claimed_at float8)
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    c_ids uuid[];
+    c_epochs int4[];
+BEGIN
+    PERFORM set_config('synchronous_commit', 'on', true);
+    -- The claim CAS (claim_jobs).
+    WITH candidates AS (
+        SELECT id, ctid FROM jobs
+         WHERE state = 'queued' AND owner IS NULL
+           AND agent = ANY(p_agents) AND requires <@ p_caps
+           AND (deadline IS NULL OR deadline > now())
+         ORDER BY priority DESC, id
+         LIMIT p_limit
+           FOR UPDATE SKIP LOCKED
+    ), claimed AS (
+        UPDATE jobs AS j
+           SET owner = p_worker, claimed_at = now(), claim_expires_at = now() + make_interval(secs => p_ttl),
+               epoch = j.epoch + 1, token = p_token, updated_at = now()
+          FROM candidates AS c
+         WHERE j.ctid = c.ctid AND j.id = c.id
+           AND j.state = 'queued' AND j.owner IS NULL AND j.claimed_at IS NULL
+           AND j.execution_id IS NULL AND j.execution_started_at IS NULL
+        RETURNING j.id, j.epoch
+    )
+    SELECT array_agg(claimed.id ORDER BY claimed.id), array_agg(claimed.epoch ORDER BY claimed.id)
+      INTO c_ids, c_epochs
+      FROM claimed;
+    IF c_ids IS NULL THEN
+        RETURN;
+    END IF;
+    -- The start CAS (start_executions), in job id order, one execution id each.
+    RETURN QUERY
+    WITH x AS (
+        SELECT u.job_id, u.epoch, p_token AS token, u.execution_id
+          FROM unnest(c_ids, c_epochs, p_executions[1:cardinality(c_ids)]) AS u(job_id, epoch, execution_id)
+    ), s AS (
+        UPDATE jobs AS j
+           SET state = 'running', execution_id = x.execution_id, execution_started_at = now(),
+               attempts = j.attempts + 1, updated_at = now()
+          FROM x
+         WHERE j.id = x.job_id AND j.state = 'queued' AND j.owner = p_worker AND j.claimed_at IS NOT NULL
+           AND j.epoch = x.epoch AND j.token = x.token AND j.execution_id IS NULL AND j.execution_started_at IS NULL
+        RETURNING j.id, j.epoch, j.execution_id, j.attempts, j.execution_started_at, j.agent, j.input::text,
+                  j.max_attempts, j.timeout_s, j.retry_safe, j.tenant, extract(epoch FROM j.created_at)::float8,
+                  extract(epoch FROM j.claimed_at)::float8
+    )
+    SELECT * FROM s;
+END
+$fn$
+
+-- name: claim_and_start --
+-- The claim CAS and the start CAS in one round trip (pg_temp.tenure_claim_start), appending execution.started.
+WITH s AS (
+    SELECT o_id AS id, o_epoch AS epoch, o_execution_id AS execution_id, o_attempts AS attempts,
+           o_started_at AS execution_started_at, o_agent, o_input, o_max_attempts, o_timeout_s, o_retry_safe,
+           o_tenant, o_created_at, o_claimed_at
+      FROM pg_temp.tenure_claim_start($1, $2::text[], $3::text[], $4, $5, $6, $7::uuid[])
+), ev AS (
+    INSERT INTO events (job_id, epoch, seq, execution_id, type, payload, ts)
+    SELECT s.id, s.epoch, 1, s.execution_id, 'execution.started',
+           json_build_object('worker_id', $1::text, 'attempt', s.attempts), s.execution_started_at
+      FROM s
+    RETURNING job_id, epoch, seq, execution_id, type, payload, ts
+), wake AS (
+    SELECT tenure_notify_events(json_agg(json_build_object(
+               'j', job_id, 'x', execution_id, 'e', epoch, 's', seq, 't', type, 'p', payload,
+               'ts', extract(epoch FROM ts)::float8) ORDER BY job_id, epoch, seq)::text,
+           array_agg(DISTINCT job_id::text))
+      FROM ev HAVING count(*) > 0
+)
+SELECT id::text, epoch, o_agent, o_input, attempts, o_max_attempts, o_timeout_s, o_retry_safe, o_tenant,
+       o_created_at, o_claimed_at, execution_id::text, extract(epoch FROM execution_started_at)::float8,
+       (SELECT count(*) FROM wake) AS woke
+  FROM s
+
 -- name: finish_executions --
 -- The finish CAS, batched: execution id, epoch and token must match a running or waiting job. Appends the
 -- finishing event and the execution record. A retry (state 'scheduled') returns the job to the unowned shape.

@@ -2,12 +2,13 @@
 
 Connections: a small pool for the conditional updates, one connection reserved for claims, and one for
 LISTEN. With a `ChannelSignals` (TENURE_REDIS_URL set) the live hints — events appended, control commands —
-travel over Redis pub/sub: the pool's sessions set `tenure.notify_events = off`, so `tenure_notify_events`
+travel over Redis pub/sub: the store's sessions set `tenure.notify_events = off`, so `tenure_notify_events`
 writes no NOTIFY, and the store publishes job ids after each write commits.
 
 The claim connection runs with `synchronous_commit = off`: a claim lost in a server crash is harmless, because
 the start CAS (committed synchronously) re-checks owner, epoch and token and matches no row. Every other write
-waits for its commit to be durable.
+waits for its commit to be durable, `claim_and_start` included: its function (created in `pg_temp` on the claim
+connection, see queries.sql) turns `synchronous_commit` on for its own transaction.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ from tenure.contracts.types import (
     SweepReport,
     WorkerInfo,
     is_uuid,
+    new_id,
     new_token,
 )
 
@@ -141,12 +143,14 @@ class PostgresStore:
     dialect = "postgres"
 
     def __init__(
-        self, url: str, pool: asyncpg.Pool, claim_conn: asyncpg.Connection, signals: ChannelSignals | None = None
+        self, url: str, pool: asyncpg.Pool, claim_conn: asyncpg.Connection, claim_start: bool = False,
+        signals: ChannelSignals | None = None,
     ) -> None:
         self._url = url
         self._signals = signals
         self._pool = pool
         self._claim_conn = claim_conn
+        self._claim_start = claim_start  # pg_temp.tenure_claim_start exists on the claim connection
         self._claim_lock = asyncio.Lock()
         self._listen_conn: asyncpg.Connection | None = None
         self._listen_lock = asyncio.Lock()
@@ -172,11 +176,23 @@ class PostgresStore:
                 dsn, min_size=1, max_size=pool_size, reset=_keep_session, server_settings=settings
             )
             try:
-                claim_conn = await asyncpg.connect(dsn, server_settings={"synchronous_commit": "off"})
+                claim_conn = await asyncpg.connect(
+                    dsn, server_settings={"synchronous_commit": "off"} | (settings or {})
+                )
             except BaseException:
                 await pool.close()
                 raise
-        return cls(url, pool, claim_conn, None if channel is None else ChannelSignals(channel))
+        claim_start = True
+        try:
+            await claim_conn.execute(Q["claim_start_function"])
+        except asyncpg.PostgresError as exc:  # e.g. no TEMP privilege: claim and start in two round trips
+            log.warning("pg_temp.tenure_claim_start not created, claiming and starting separately: %s", exc)
+            claim_start = False
+        except BaseException:
+            await claim_conn.close()
+            await pool.close()
+            raise
+        return cls(url, pool, claim_conn, claim_start, None if channel is None else ChannelSignals(channel))
 
     async def close(self) -> None:
         if self._closed:
@@ -340,6 +356,33 @@ class PostgresStore:
         return [
             Claim(Fence(r[0], r[1], token), r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10]) for r in rows
         ]
+
+    async def claim_and_start(
+        self, worker_id: str, agents: Sequence[str], capabilities: Sequence[str], limit: int, ttl_s: float
+    ) -> list[tuple[Claim, Started]]:
+        if limit <= 0:
+            return []
+        if not self._claim_start:
+            claims = await self.claim(worker_id, agents, capabilities, limit, ttl_s)
+            by_job = {c.fence.job_id: c for c in claims}
+            started = await self.start(worker_id, [Start(c.fence, new_id()) for c in claims])
+            return [(by_job[s.fence.job_id], s) for s in started]
+        token = new_token()
+        executions = [new_id() for _ in range(limit)]
+        async with self._claim_lock:
+            with _translate("claim_and_start"):
+                rows = await self._claim_conn.fetch(
+                    Q["claim_and_start"], worker_id, list(agents), list(capabilities), limit, ttl_s, token,
+                    executions,
+                )
+        out = []
+        for r in rows:
+            fence = Fence(r[0], r[1], token)
+            # The start added one attempt to the claim's count.
+            claim = Claim(fence, r[2], r[3], r[4] - 1, r[5], r[6], r[7], r[8], r[9], r[10])
+            out.append((claim, Started(fence, r[11], r[12], r[4])))
+        self._publish_events(r[0] for r in rows)
+        return out
 
     async def start(self, worker_id: str, starts: Sequence[Start]) -> list[Started]:
         if not starts:

@@ -73,6 +73,7 @@ from tenure.contracts.types import (
     Started,
     SweepReport,
     WorkerInfo,
+    new_id,
     new_token,
 )
 
@@ -394,26 +395,40 @@ class SqliteStore:
             Claim(Fence(r[0], r[1], token), r[2], r[3], r[4], r[5], r[6], bool(r[7]), r[8], r[9], r[10]) for r in rows
         ]
 
+    async def claim_and_start(
+        self, worker_id: str, agents: Sequence[str], capabilities: Sequence[str], limit: int, ttl_s: float
+    ) -> list[tuple[Claim, Started]]:
+        if limit <= 0:
+            return []
+        token = new_token()
+        args = (worker_id, json.dumps(list(agents)), json.dumps(list(capabilities)), limit, ttl_s, token)
+
+        def tx(db: sqlite3.Connection) -> list[tuple[Claim, Started]]:
+            claims = [
+                Claim(Fence(r[0], r[1], token), r[2], r[3], r[4], r[5], r[6], bool(r[7]), r[8], r[9], r[10])
+                for r in db.execute(Q["claim_jobs"], args).fetchall()
+            ]
+            by_job = {c.fence.job_id: c for c in claims}
+            started = _start_in(db, worker_id, [Start(c.fence, new_id()) for c in claims])
+            return [(by_job[s.fence.job_id], s) for s in started]
+
+        def fn() -> list[tuple[Claim, Started]]:
+            db = self._db
+            assert db is not None
+            # Probe without the write lock first, as `claim` does.
+            if db.execute(Q["has_claimable"]).fetchone() is None:
+                return []
+            return self._tx(tx)
+
+        out = await self._run(fn, "claim_and_start")
+        if out:
+            self._events_changed(s.fence.job_id for _, s in out)
+        return out
+
     async def start(self, worker_id: str, starts: Sequence[Start]) -> list[Started]:
         if not starts:
             return []
-
-        def fn(db: sqlite3.Connection) -> list[Started]:
-            out = []
-            for s in starts:
-                f = s.fence
-                row = db.execute(
-                    Q["start_execution"], (f.job_id, worker_id, f.epoch, f.token, s.execution_id)
-                ).fetchone()
-                if row is None:
-                    continue
-                attempt, started_at = row
-                payload = json.dumps({"worker_id": worker_id, "attempt": attempt})
-                db.execute(Q["insert_event"], (f.job_id, f.epoch, 1, s.execution_id, "execution.started", payload))
-                out.append(Started(f, s.execution_id, started_at, attempt))
-            return out
-
-        out = await self._run(lambda: self._tx(fn), "start")
+        out = await self._run(lambda: self._tx(lambda db: _start_in(db, worker_id, starts)), "start")
         self._events_changed(s.fence.job_id for s in out)
         return out
 
@@ -903,3 +918,18 @@ def _split_sql(script: str) -> list[str]:
     """Split a migration file into statements (our migrations never put ';' inside a literal)."""
     body = "\n".join(line for line in script.splitlines() if not line.lstrip().startswith("--"))
     return [s.strip() for s in body.split(";") if s.strip()]
+
+
+def _start_in(db: sqlite3.Connection, worker_id: str, starts: Sequence[Start]) -> list[Started]:
+    """The start CAS of each claim, inside the caller's write transaction; appends `execution.started`."""
+    out = []
+    for s in starts:
+        f = s.fence
+        row = db.execute(Q["start_execution"], (f.job_id, worker_id, f.epoch, f.token, s.execution_id)).fetchone()
+        if row is None:
+            continue
+        attempt, started_at = row
+        payload = json.dumps({"worker_id": worker_id, "attempt": attempt})
+        db.execute(Q["insert_event"], (f.job_id, f.epoch, 1, s.execution_id, "execution.started", payload))
+        out.append(Started(f, s.execution_id, started_at, attempt))
+    return out
