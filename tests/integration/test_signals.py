@@ -105,7 +105,7 @@ async def test_control_hints_travel_over_redis_to_the_owners_store(stores: tuple
     assert hint == {job_id}
 
 
-async def test_a_store_with_redis_sends_no_notify_for_events_and_one_without_does(
+async def test_events_are_notified_only_without_redis_and_while_a_listener_holds_its_lease(
     pg_database_url: str, private_redis: RedisProc
 ) -> None:
     # NOTIFY is database-wide: other tests' stores notify too, so only bodies naming our jobs count.
@@ -128,6 +128,11 @@ async def test_a_store_with_redis_sends_no_notify_for_events_and_one_without_doe
             await with_redis.close()
         without = await open_store(Settings(database_url=pg_database_url), migrate=False)
         try:
+            # Nobody streams events yet: no NOTIFY either (writers notify only while a listener holds a lease).
+            unheard = await started_job(without)
+            await asyncio.sleep(0.5)
+            assert not any(unheard in b for b in bodies), "a NOTIFY with no event listener registered"
+            await without.wait_for_events(0.1)  # listens, and takes its lease in event_listeners
             loud = await started_job(without)
 
             async def notified() -> bool:

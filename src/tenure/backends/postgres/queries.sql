@@ -600,3 +600,15 @@ SELECT job_id::text, max(seq) FROM job_commands WHERE job_id = ANY($1::uuid[]) G
 -- name: notify_control --
 -- Tell the owners' control listeners that these jobs got a command (a hint; the store is the truth).
 SELECT pg_notify('tenure_control', array_to_string($1::text[], ','))
+
+-- name: event_listener_renew --
+-- This store listens on tenure_events: writers NOTIFY while some listener's lease runs (tenure_notify_events).
+-- Also forgets listeners that died more than a minute ago.
+WITH gone AS (
+    DELETE FROM event_listeners WHERE expires_at < now() - interval '1 minute'
+)
+INSERT INTO event_listeners (id, expires_at) VALUES ($1, now() + make_interval(secs => $2))
+ON CONFLICT (id) DO UPDATE SET expires_at = EXCLUDED.expires_at
+
+-- name: event_listener_leave --
+DELETE FROM event_listeners WHERE id = $1

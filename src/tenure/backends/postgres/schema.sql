@@ -137,13 +137,21 @@ CREATE INDEX jobs_waiting_tenant ON jobs (tenant) WHERE state IN ('queued', 'sch
 
 -- Live events: one NOTIFY per batch on `tenure_events`. The body is the batch's events as JSON when it fits
 -- under NOTIFY's 8,000-byte limit, else a reference {"jobs": [...]} (readers go to the history), else
--- {"jobs": null} (every subscriber checks its history). A session with `tenure.notify_events = off` (hints over
--- Redis pub/sub, backends/signals.py) sends nothing.
+-- {"jobs": null} (every subscriber checks its history). Nothing is sent by a session with
+-- `tenure.notify_events = off` (hints over Redis pub/sub, backends/signals.py), nor while no process listens
+-- for events: a store that LISTENs on `tenure_events` keeps a row in `event_listeners` (a 30 s lease renewed
+-- every 10 s), and a NOTIFY wakes every listening backend of the database.
+CREATE TABLE event_listeners (
+    id         text PRIMARY KEY,
+    expires_at timestamptz NOT NULL
+);
+
 CREATE FUNCTION tenure_notify_events(p_events text, p_jobs text[]) RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
     body text;
 BEGIN
-    IF current_setting('tenure.notify_events', true) = 'off' THEN
+    IF current_setting('tenure.notify_events', true) = 'off'
+       OR NOT EXISTS (SELECT 1 FROM event_listeners WHERE expires_at > now()) THEN
         RETURN;
     END IF;
     IF p_events IS NOT NULL AND octet_length(p_events) < 7900 THEN

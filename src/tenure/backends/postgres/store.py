@@ -17,6 +17,10 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
+import os
+import socket
+import time
 from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import Any
 
@@ -68,6 +72,8 @@ MIGRATIONS = load_migrations("tenure.backends.postgres")  # read at import, neve
 _CHANNEL = "tenure_jobs"
 _EVENTS_CHANNEL = "tenure_events"
 _CONTROL_CHANNEL = "tenure_control"
+_LISTENER_LEASE_S = 30.0
+_LISTENER_RENEW_S = 10.0
 _DRIVER_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, asyncio.TimeoutError)
 _REQUEUEABLE = sorted(s.value for s in REQUEUEABLE)
 
@@ -157,6 +163,9 @@ class PostgresStore:
         self._wake = asyncio.Event()
         self._closed = False
         self._events_conn: asyncpg.Connection | None = None
+        # While it listens for events, this store holds a lease in `event_listeners` (writers NOTIFY only then).
+        self._listener_id = f"{socket.gethostname()}:{os.getpid()}:{new_id()}"
+        self._listener_renewed = -math.inf
         self._events_lock = asyncio.Lock()
         self._notices: list[EventNotice] = []
         self._notice_ready = asyncio.Event()
@@ -200,6 +209,10 @@ class PostgresStore:
         self._closed = True
         if self._signals is not None:
             await self._signals.close()
+        if self._listener_renewed > -math.inf:
+            with contextlib.suppress(*_DRIVER_ERRORS):
+                async with asyncio.timeout(2), self._pool.acquire() as conn:
+                    await conn.execute(Q["event_listener_leave"], self._listener_id)
         for conn in (self._listen_conn, self._events_conn, self._control_conn, self._claim_conn):
             if conn is not None and not conn.is_closed():
                 with contextlib.suppress(*_DRIVER_ERRORS):
@@ -660,6 +673,25 @@ class PostgresStore:
             self._notices.append(EventNotice(None if jobs is None else frozenset(jobs)))
         self._notice_ready.set()
 
+    async def _renew_listener_lease(self) -> None:
+        """Keep this store's row in `event_listeners` while it listens (renewed every 10 s, a 30 s lease).
+        The first one commits before anything is read, so every append after it is notified."""
+        now = time.monotonic()
+        if self._events_conn is None or now - self._listener_renewed < _LISTENER_RENEW_S:
+            return
+        try:
+            async with self._conn("event_listener_renew") as conn:
+                await conn.execute(Q["event_listener_renew"], self._listener_id, _LISTENER_LEASE_S)
+        except StoreUnavailable as exc:
+            log.warning("renewing the event listener lease failed (streams fall back to polling): %s", exc)
+            return
+        if now - self._listener_renewed >= _LISTENER_LEASE_S:
+            # First lease, or one that had lapsed: appends committed before it was visible to their writers sent
+            # no NOTIFY, so every subscriber reads its history once.
+            self._notices.append(EventNotice(None))
+            self._notice_ready.set()
+        self._listener_renewed = now
+
     def _on_events_lost(self, *_: object) -> None:
         # Notifications may have been missed while the listener was down: every subscriber checks its history.
         self._events_conn = None
@@ -740,6 +772,7 @@ class PostgresStore:
             return await self._signals.wait_for_events(timeout_s)
         if not self._closed:
             await self._ensure_events_listener()
+            await self._renew_listener_lease()
         if not self._notices:
             try:
                 await asyncio.wait_for(self._notice_ready.wait(), timeout_s)

@@ -1,11 +1,22 @@
--- Live hints over Redis: a session that set `tenure.notify_events = off` (a store whose hints travel over
--- Redis pub/sub, backends/signals.py) sends no NOTIFY on `tenure_events`; NOTIFY takes a cluster-wide lock at
--- commit, which every notifying transaction then waits for.
+-- Live events cost nothing while nobody streams them.
+--
+-- 1. A session that set `tenure.notify_events = off` (a store whose hints travel over Redis pub/sub,
+--    backends/signals.py) sends no NOTIFY on `tenure_events`.
+-- 2. Otherwise NOTIFY only while some process listens for events: every store that LISTENs on `tenure_events`
+--    (a gateway's event hub) keeps a row in `event_listeners`, renewed every 10 s with a 30 s lease. A NOTIFY
+--    wakes every listening backend of the database (workers LISTEN for new jobs and commands), and in a
+--    worker-only deployment nobody reads these: measured 0.07-0.16 ms of server CPU per notifying commit.
+CREATE TABLE event_listeners (
+    id         text PRIMARY KEY,
+    expires_at timestamptz NOT NULL
+);
+
 CREATE OR REPLACE FUNCTION tenure_notify_events(p_events text, p_jobs text[]) RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
     body text;
 BEGIN
-    IF current_setting('tenure.notify_events', true) = 'off' THEN
+    IF current_setting('tenure.notify_events', true) = 'off'
+       OR NOT EXISTS (SELECT 1 FROM event_listeners WHERE expires_at > now()) THEN
         RETURN;
     END IF;
     IF p_events IS NOT NULL AND octet_length(p_events) < 7900 THEN
