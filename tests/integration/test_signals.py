@@ -186,3 +186,44 @@ async def test_a_cancel_reaches_a_running_job_over_redis_long_before_a_heartbeat
     finally:
         worker.stop()
     assert job.state is JobState.CANCELLED
+
+
+async def test_an_owner_listens_for_jobs_and_commands_on_one_connection_and_recovers_from_its_loss(
+    pg_database_url: str,
+) -> None:
+    """Without Redis a worker's store LISTENs on tenure_jobs and tenure_control over one connection (a NOTIFY
+    wakes every listening backend of the database); when that backend is killed, the owner is told to check
+    every job, and both wake-ups work again."""
+    owner = await open_store(Settings(database_url=pg_database_url))
+    other = await open_store(Settings(database_url=pg_database_url), migrate=False)
+    admin = await asyncpg.connect(PG_BASE)
+    try:
+        job_id = await started_job(other)
+        await owner.wait_for_jobs(0.01)
+        assert await owner.wait_for_control(0.01) is None  # listening from now: check what came before
+        assert await owner.wait_for_control(0.01) == frozenset()
+        listen_pid = owner._listen_conn.get_server_pid()  # type: ignore[attr-defined,union-attr]
+        backends = await admin.fetch(
+            "SELECT pid FROM pg_stat_activity WHERE query LIKE 'LISTEN%' AND pid = ANY($1::int[])",
+            [listen_pid, *(c.get_server_pid() for c in (owner._claim_conn,))],  # type: ignore[attr-defined]
+        )
+        assert [r["pid"] for r in backends] == [listen_pid]
+        assert await admin.fetchval("SELECT pg_terminate_backend($1)", listen_pid)
+        async with asyncio.timeout(5):
+            assert await owner.wait_for_control(5) is None  # commands may have been missed: check them all
+        assert await other.cancel(job_id) is ControlOutcome.REQUESTED  # sent before the owner listens again
+        async with asyncio.timeout(5):
+            assert await owner.wait_for_control(5) is None  # listening again: check them all
+        assert await other.send_command(job_id, None, "input", "{}") is ControlOutcome.REQUESTED
+        async with asyncio.timeout(5):
+            while not (hint := await owner.wait_for_control(5)):
+                pass
+        assert hint == {job_id}
+        await submit(other, "echo", {"wake": 1})
+        started = asyncio.get_running_loop().time()
+        await owner.wait_for_jobs(10)
+        assert asyncio.get_running_loop().time() - started < 5, "the enqueue's NOTIFY did not wake the owner"
+    finally:
+        await admin.close()
+        await other.close()
+        await owner.close()

@@ -169,8 +169,7 @@ class PostgresStore:
         self._events_lock = asyncio.Lock()
         self._notices: list[EventNotice] = []
         self._notice_ready = asyncio.Event()
-        self._control_conn: asyncpg.Connection | None = None
-        self._control_lock = asyncio.Lock()
+        self._listening_control = False  # the LISTEN connection also listens on tenure_control (an owner)
         self._control_jobs: set[str] | None = set()  # None: a listener was (re)established, check all
         self._control_ready = asyncio.Event()
 
@@ -213,7 +212,7 @@ class PostgresStore:
             with contextlib.suppress(*_DRIVER_ERRORS):
                 async with asyncio.timeout(2), self._pool.acquire() as conn:
                     await conn.execute(Q["event_listener_leave"], self._listener_id)
-        for conn in (self._listen_conn, self._events_conn, self._control_conn, self._claim_conn):
+        for conn in (self._listen_conn, self._events_conn, self._claim_conn):
             if conn is not None and not conn.is_closed():
                 with contextlib.suppress(*_DRIVER_ERRORS):
                     await conn.close(timeout=2)
@@ -560,24 +559,38 @@ class PostgresStore:
         self._wake.set()
 
     def _on_listen_lost(self, *_: object) -> None:
-        # The LISTEN connection died: polling (the wait timeout) is the floor until the next wait reconnects.
+        # The LISTEN connection died: polling (the wait timeout) is the floor until the next wait reconnects,
+        # and commands may have been missed meanwhile: the owner checks all its jobs.
         self._listen_conn = None
         self._wake.set()
+        if self._listening_control:
+            self._listening_control = False
+            self._control_jobs = None
+            self._control_ready.set()
 
-    async def _ensure_listening(self) -> None:
-        if self._listen_conn is not None and not self._listen_conn.is_closed():
+    async def _ensure_listening(self, control: bool = False) -> None:
+        """A worker's one LISTEN connection: `tenure_jobs` (wake-ups), and `tenure_control` once it waits for
+        commands. One connection, not two: a NOTIFY on any channel wakes every listening backend."""
+        conn = self._listen_conn
+        if conn is not None and not conn.is_closed() and (self._listening_control or not control):
             return
         async with self._listen_lock:
-            if self._listen_conn is not None and not self._listen_conn.is_closed():
-                return
+            conn = self._listen_conn
             try:
-                conn = await asyncpg.connect(_dsn(self._url))
-                await conn.add_listener(_CHANNEL, self._on_notify)
-                conn.add_termination_listener(self._on_listen_lost)
+                if conn is None or conn.is_closed():
+                    conn = await asyncpg.connect(_dsn(self._url))
+                    await conn.add_listener(_CHANNEL, self._on_notify)
+                    conn.add_termination_listener(self._on_listen_lost)
+                    self._listening_control = False
+                    self._listen_conn = conn
+                if control and not self._listening_control:
+                    await conn.add_listener(_CONTROL_CHANNEL, self._on_control)
+                    self._listening_control = True
+                    # Commands sent before this LISTEN took effect were not heard: the owner checks them all.
+                    self._control_jobs = None
+                    self._control_ready.set()
             except _DRIVER_ERRORS as exc:
-                log.warning("LISTEN connection failed, polling meanwhile: %s", exc)
-                return
-            self._listen_conn = conn
+                log.warning("LISTEN failed, polling (and heartbeats for commands) meanwhile: %s", exc)
 
     async def wait_for_jobs(self, timeout_s: float) -> None:
         if not self._closed:
@@ -720,11 +733,6 @@ class PostgresStore:
             self._control_jobs.update(j for j in body.split(",") if j)
         self._control_ready.set()
 
-    def _on_control_lost(self, *_: object) -> None:
-        self._control_conn = None
-        self._control_jobs = None  # commands may have been missed: the owner checks all its jobs
-        self._control_ready.set()
-
     async def _control_sent(self, conn: asyncpg.Connection, job_id: str) -> None:
         """Inside a transaction: NOTIFY the owner's control listener; with a channel, `_publish_control` after
         the commit instead."""
@@ -738,17 +746,8 @@ class PostgresStore:
     async def wait_for_control(self, timeout_s: float) -> frozenset[str] | None:
         if self._signals is not None:
             return await self._signals.wait_for_control(timeout_s)
-        if not self._closed and (self._control_conn is None or self._control_conn.is_closed()):
-            async with self._control_lock:
-                if self._control_conn is None or self._control_conn.is_closed():
-                    try:
-                        conn = await asyncpg.connect(_dsn(self._url))
-                        await conn.add_listener(_CONTROL_CHANNEL, self._on_control)
-                        conn.add_termination_listener(self._on_control_lost)
-                        self._control_conn = conn
-                    except _DRIVER_ERRORS as exc:
-                        log.warning("LISTEN %s failed, heartbeats deliver commands meanwhile: %s",
-                                    _CONTROL_CHANNEL, exc)
+        if not self._closed:
+            await self._ensure_listening(control=True)
         if self._control_jobs is not None and not self._control_jobs:
             try:
                 await asyncio.wait_for(self._control_ready.wait(), timeout_s)
