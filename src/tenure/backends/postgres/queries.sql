@@ -611,4 +611,5 @@ INSERT INTO event_listeners (id, expires_at) VALUES ($1, now() + make_interval(s
 ON CONFLICT (id) DO UPDATE SET expires_at = EXCLUDED.expires_at
 
 -- name: event_listener_leave --
+-- This store stops listening (closed): writers stop notifying once no other listener's lease runs.
 DELETE FROM event_listeners WHERE id = $1
