@@ -47,6 +47,8 @@ from tenure.contracts.store import Leases
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
+SRC = Path(os.environ.get("TENURE_BENCH_SRC", ROOT / "src")).resolve()
+"""The package the worker processes run (another checkout's `src` for an A/B run of the same benchmark)."""
 PG_BASE = os.environ.get("TENURE_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/test")
 REDIS_URL = os.environ.get("TENURE_BENCH_REDIS", "redis://127.0.0.1:6379/0")
 QUOTA_KEY = "bench:q"
@@ -57,10 +59,80 @@ app = tenure.Tenure("bench-leases")
 
 
 @app.agent("quota_sleep", timeout=600)
-async def quota_sleep(ctx: tenure.Context, input: Any) -> None:
-    """Hold one slot of `bench:q` for `JOB_S` seconds (a model call under a quota)."""
+async def quota_sleep(ctx: tenure.Context, input: Any) -> dict[str, float]:
+    """Hold one slot of `bench:q` for `JOB_S` seconds (a model call under a quota).
+
+    Returns the wall-clock moments (one machine, so one clock for both workers) at which the handler began, the
+    slot was held, and the block began to give it back: the hand-off analysis is computed from them."""
+    began = time.time()
     async with ctx.quota(QUOTA_KEY):
+        held = time.time()
         await asyncio.sleep(JOB_S)
+        releasing = time.time()
+    return {"began": began, "held": held, "releasing": releasing}
+
+
+def _quantiles(values: list[float]) -> dict[str, float]:
+    """p50 / p90 / p99 / max of `values` in milliseconds (values in seconds)."""
+    if not values:
+        return {}
+    v = sorted(values)
+
+    def q(p: float) -> float:
+        return 1000 * v[min(len(v) - 1, int(p * len(v)))]
+
+    return {"p50_ms": q(0.5), "p90_ms": q(0.9), "p99_ms": q(0.99), "max_ms": 1000 * v[-1]}
+
+
+def handoff_analysis(rows: list[tuple[float, float, float]], limit: int) -> dict[str, Any]:
+    """From (began, held, releasing) per job: how the quota's slots were used, independent of the total time.
+
+    - `holders_time_share`: the share of the steady window (from the moment `limit` slots were first held to
+      the last moment a job still waited for one) spent with k slots held, from the jobs' own clocks;
+    - `handoff`: for every release while jobs were waiting, the time until the next job held a slot (the
+      release round trip, the grant, the wake-up of a waiter, maybe in the other process);
+    - `slot_cycle`: `limit` × steady window / jobs held in it, i.e. the average time one slot takes per job
+      (the job's own JOB_S plus every overhead); the ceiling fraction in the steady state is JOB_S / cycle.
+    """
+    events: list[tuple[float, int]] = []
+    for _, held, releasing in rows:
+        events.append((held, +1))
+        events.append((releasing, -1))
+    events.sort()
+    # Steady window: from the first time `limit` slots are held to the last `held` of a job that had to wait
+    # (after that the queue drains and slots go idle for lack of jobs, not for a slow hand-off).
+    count = 0
+    start = None
+    for t, d in events:
+        count += d
+        if count >= limit and start is None:
+            start = t
+    end = max(held for _, held, _ in rows)
+    share: dict[int, float] = {}
+    gaps: list[float] = []
+    pending: list[float] = []
+    count = 0
+    prev = None
+    for t, d in events:
+        if start is not None and prev is not None and start <= prev and t <= end:
+            share[count] = share.get(count, 0.0) + (t - prev)
+        if d < 0:
+            if start is not None and start <= t <= end:
+                pending.append(t)
+        elif pending:
+            gaps.append(t - pending.pop(0))
+        count += d
+        prev = t
+    window = sum(share.values())
+    held_in_window = sum(1 for _, held, _ in rows if start is not None and start <= held <= end)
+    return {
+        "steady_window_s": window,
+        "holders_time_share": {str(k): v / window for k, v in sorted(share.items())} if window else {},
+        "mean_holders": sum(k * v for k, v in share.items()) / window if window else 0.0,
+        "handoff": _quantiles(gaps) | {"n": len(gaps), "mean_ms": 1000 * sum(gaps) / max(1, len(gaps))},
+        "slot_cycle_ms": 1000 * limit * window / held_in_window if held_in_window else None,
+        "wait_for_slot": _quantiles([held - began for began, held, _ in rows]),
+    }
 
 
 # -- part 1: lease round trips ----------------------------------------------------------------------------------
@@ -171,7 +243,7 @@ async def bench_jobs(jobs: int, workers: int, concurrency: int, leases_on: str) 
             "TENURE_DATABASE_URL": url,
             "TENURE_QUOTAS": f"{QUOTA_KEY}={QUOTA_LIMIT}",
             "TENURE_LOG_LEVEL": "warning",
-            "PYTHONPATH": os.pathsep.join([str(HERE), str(ROOT / "src")]),
+            "PYTHONPATH": os.pathsep.join([str(HERE), str(SRC)]),
             "TENURE_POLL_S": "0.2",
         }
     )
@@ -213,6 +285,13 @@ async def bench_jobs(jobs: int, workers: int, concurrency: int, leases_on: str) 
             f"SELECT count(*) FILTER (WHERE state = 'succeeded') AS ok, "
             f"extract(epoch FROM max(finished_at) - min(execution_started_at)) AS span FROM {schema}.jobs"
         )
+        moments = [
+            (r["began"], r["held"], r["releasing"])
+            for r in await admin.fetch(
+                f"SELECT (result->>'began')::float8 AS began, (result->>'held')::float8 AS held, "
+                f"(result->>'releasing')::float8 AS releasing FROM {schema}.jobs WHERE state = 'succeeded'"
+            )
+        ]
     finally:
         for p in procs:
             p.terminate()
@@ -249,6 +328,8 @@ async def bench_jobs(jobs: int, workers: int, concurrency: int, leases_on: str) 
         "worker_cpu_s": worker_cpu,
         "worker_cpu_ms_per_job": 1000 * worker_cpu / jobs,
         "load_average_1m": os.getloadavg()[0],
+        "quota": handoff_analysis(moments, QUOTA_LIMIT),
+        "src": str(SRC),
     }
 
 
@@ -287,6 +368,14 @@ async def main() -> int:
                 f"{r['workers']} workers × {r['concurrency']}: {r['succeeded']} succeeded in {r['seconds']:.2f} s "
                 f"= {r['jobs_per_s']:.1f} jobs/s, {r['fraction_of_ceiling']:.0%} of {r['ceiling_per_s']:.0f} "
                 f"(worker CPU {r['worker_cpu_ms_per_job']:.2f} ms/job, load average {r['load_average_1m']:.1f})"
+            )
+            qa = r["quota"]
+            print(
+                f"  steady state: mean holders {qa['mean_holders']:.2f} of {QUOTA_LIMIT}, "
+                f"all {QUOTA_LIMIT} held {qa['holders_time_share'].get(str(QUOTA_LIMIT), 0):.0%} of the time, "
+                f"slot cycle {qa['slot_cycle_ms'] or 0:.1f} ms (job {JOB_S * 1000:.0f} ms); hand-off "
+                f"p50 {qa['handoff'].get('p50_ms', 0):.2f} p90 {qa['handoff'].get('p90_ms', 0):.2f} "
+                f"p99 {qa['handoff'].get('p99_ms', 0):.2f} ms over {qa['handoff']['n']} releases"
             )
     out = HERE / "results" / "leases.json"
     out.parent.mkdir(exist_ok=True)

@@ -40,7 +40,7 @@ from tenure.backends.postgres import PostgresLeases, PostgresStore
 from tenure.backends.redis import RedisLeases
 from tenure.backends.sqlite import SqliteStore
 from tenure.contracts.errors import LeasesUnavailable
-from tenure.contracts.store import LeaseRef, Leases
+from tenure.contracts.store import LeaseRef, Leases, line_key, new_ticket
 
 # tests/conftest.py starts a private redis-server (PRIVATE_TEST_REDIS_URL) unless one is named.
 REDIS_URL = os.environ.get("TENURE_TEST_REDIS_URL") or os.environ.get(
@@ -313,6 +313,83 @@ async def test_a_thousand_concurrent_acquires_admit_exactly_the_limit(
     winners = {f"h{i}" for i, won in enumerate(results) if won}
     assert len(winners) == limit
     assert set(await leases.holders("burst")) == winners
+
+
+# -- the waiting line (FIFO acquire, release with hand-over) ------------------------------------------------
+async def test_acquire_in_line_takes_a_free_slot_when_nobody_waits(leases: Leases) -> None:
+    ticket = new_ticket("a")
+    assert await leases.acquire_in_line("k", ticket, limit=1, ttl_s=30)
+    assert await leases.holders("k") == ["a"]
+    assert await leases.holders(line_key("k")) == []
+    assert await leases.acquire_in_line("k", ticket, limit=1, ttl_s=30), "idempotent for its holder"
+    assert await leases.holders("k") == ["a"]
+
+
+async def test_a_full_key_queues_the_ticket_and_a_release_hands_the_slot_to_the_oldest(leases: Leases) -> None:
+    assert await leases.acquire_in_line("k", new_ticket("a"), limit=1, ttl_s=30)
+    first, second = new_ticket("b"), new_ticket("c")
+    assert not await leases.acquire_in_line("k", first, limit=1, ttl_s=30)
+    assert not await leases.acquire_in_line("k", second, limit=1, ttl_s=30)
+    assert not await leases.acquire_in_line("k", first, limit=1, ttl_s=30), "waiting again keeps one ticket"
+    assert sorted(await leases.holders(line_key("k"))) == [first, second]
+    assert await leases.release_and_hand_over("k", "a", limit=1, ttl_s=30) == [first]
+    assert await leases.holders("k") == ["b"]
+    assert await leases.holders(line_key("k")) == [second]
+    # The served waiter learns it holds the slot (acquire_in_line answers True and does not queue it again).
+    assert await leases.acquire_in_line("k", first, limit=1, ttl_s=30)
+    assert await leases.holders(line_key("k")) == [second]
+    assert await leases.release_and_hand_over("k", "b", limit=1, ttl_s=30) == [second]
+    assert await leases.release_and_hand_over("k", "c", limit=1, ttl_s=30) == []
+    assert await leases.release_and_hand_over("k", "c", limit=1, ttl_s=30) == [], "harmless twice"
+    assert await leases.holders("k") == []
+
+
+async def test_a_newcomer_does_not_overtake_older_tickets_for_a_free_slot(leases: Leases) -> None:
+    assert await leases.acquire("k", "a", limit=2, ttl_s=30)
+    assert await leases.acquire("k", "b", limit=2, ttl_s=30)
+    old = new_ticket("old")
+    assert not await leases.acquire_in_line("k", old, limit=2, ttl_s=30)
+    await leases.release("k", "a")  # freed without a hand-over (as an expiry would)
+    assert not await leases.acquire_in_line("k", new_ticket("new"), limit=2, ttl_s=30)
+    assert await leases.acquire_in_line("k", old, limit=2, ttl_s=30), "the oldest ticket takes the free slot"
+    assert sorted(await leases.holders("k")) == ["b", "old"]
+
+
+async def test_a_release_hands_every_free_slot_oldest_first(leases: Leases) -> None:
+    for h in ("a", "b", "c"):
+        assert await leases.acquire("k", h, limit=3, ttl_s=30)
+    tickets = [new_ticket(f"w{i}") for i in range(4)]
+    for t in reversed(tickets):  # queued newest first: the order is the tickets', not the calls'
+        assert not await leases.acquire_in_line("k", t, limit=3, ttl_s=30)
+    await leases.release("k", "a")
+    await leases.release("k", "b")
+    assert await leases.release_and_hand_over("k", "c", limit=3, ttl_s=30) == tickets[:3]
+    assert sorted(await leases.holders("k")) == ["w0", "w1", "w2"]
+    assert await leases.holders(line_key("k")) == [tickets[3]]
+
+
+async def test_an_expired_ticket_is_never_handed_a_slot(leases: Leases) -> None:
+    assert await leases.acquire("k", "a", limit=1, ttl_s=30)
+    dead, alive = new_ticket("dead"), new_ticket("alive")
+    assert not await leases.acquire_in_line("k", dead, limit=1, ttl_s=0.2)
+    assert not await leases.acquire_in_line("k", alive, limit=1, ttl_s=30)
+    await asyncio.sleep(0.4)
+    assert await leases.release_and_hand_over("k", "a", limit=1, ttl_s=30) == [alive]
+    assert await leases.holders("k") == ["alive"]
+
+
+async def test_concurrent_acquires_in_line_admit_exactly_the_limit(
+    leases: Leases, open_more: Callable[[], Awaitable[Leases]]
+) -> None:
+    limit = 7
+    clients = [leases, *[await open_more() for _ in range(3)]]
+    tickets = [new_ticket(f"h{i}") for i in range(200)]
+    results = await asyncio.gather(
+        *(clients[i % len(clients)].acquire_in_line("burst", t, limit, 30) for i, t in enumerate(tickets))
+    )
+    assert sum(results) == limit
+    assert len(await leases.holders("burst")) == limit
+    assert len(await leases.holders(line_key("burst"))) == len(tickets) - limit
 
 
 # -- many processes ----------------------------------------------------------------------------------------

@@ -147,6 +147,12 @@ async def test_the_heartbeat_renewal_keeps_every_held_lease_in_one_call(
         async def holders(self, key: str) -> list[str]:
             return await leases.holders(key)
 
+        async def acquire_in_line(self, key: str, ticket: str, limit: int, ttl_s: float) -> bool:
+            return await leases.acquire_in_line(key, ticket, limit, ttl_s)
+
+        async def release_and_hand_over(self, key: str, holder: str, limit: int, ttl_s: float) -> list[str]:
+            return await leases.release_and_hand_over(key, holder, limit, ttl_s)
+
     q = manager(Counting(), limit=5)  # type: ignore[arg-type]
     a, b = q.for_execution("a"), q.for_execution("b")
     async with a.quota("llm:m"), a.quota("llm:m"), b.quota("llm:m"):
@@ -196,6 +202,14 @@ class CountingDead:
     async def holders(self, key: str) -> list[str]:
         self.calls += 1
         return await self.inner.holders(key)
+
+    async def acquire_in_line(self, key: str, ticket: str, limit: int, ttl_s: float) -> bool:
+        self.calls += 1
+        return await self.inner.acquire_in_line(key, ticket, limit, ttl_s)
+
+    async def release_and_hand_over(self, key: str, holder: str, limit: int, ttl_s: float) -> list[str]:
+        self.calls += 1
+        return await self.inner.release_and_hand_over(key, holder, limit, ttl_s)
 
 
 async def test_fail_closed_raises_quota_unavailable_and_short_circuits_the_dead_backend() -> None:
@@ -289,6 +303,12 @@ async def test_a_renewal_that_hangs_past_the_ttl_fences_the_holders_without_wait
 
         async def holders(self, key: str) -> list[str]:
             return await leases.holders(key)
+
+        async def acquire_in_line(self, key: str, ticket: str, limit: int, ttl_s: float) -> bool:
+            return await leases.acquire_in_line(key, ticket, limit, ttl_s)
+
+        async def release_and_hand_over(self, key: str, holder: str, limit: int, ttl_s: float) -> list[str]:
+            return await leases.release_and_hand_over(key, holder, limit, ttl_s)
 
     q = QuotaManager(Hanging(), {"k": QuotaSpec("k", 1)}, ttl_s=0.5)  # type: ignore[arg-type]
     with pytest.raises(LeaseLost):

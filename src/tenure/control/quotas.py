@@ -5,12 +5,15 @@
     ExecutionQuotas     one per execution: hands out holder ids `<execution id>:<slot>`, pauses and resumes
     QuotaBlock          one `async with`: acquire on enter, release on exit, LeaseLost if the lease was lost
 
-Fairness (`wait=True`): a caller that finds the quota full takes a ticket in the key's waiting line, itself a
-lease on `<key>#wait` named by a time-ordered id, renewed with the others, so a waiter that dies leaves the
-line on its own. Only the waiters at the head of the line — as many as there are free slots — try to take a
-slot, so a released slot goes to the oldest waiter across all workers. Waiters are woken by a message: at
-once in the releasing process, over the `Channel` (topic `quota:<key>`) in the others, and by polling as
-the floor when no channel is configured or a message is lost.
+Fairness (`wait=True`): a caller takes a slot through the key's waiting line (`Leases.acquire_in_line`): it
+gets one at once only if fewer older tickets wait than there are free slots, else its ticket — a lease on
+`<key>#wait`, renewed with the others, so a waiter that dies leaves the line on its own — waits in line. A
+release is `Leases.release_and_hand_over`: in the same atomic step on the server, the freed slot is given to
+the oldest ticket's holder, so a slot is never idle while someone waits and the oldest waiter across all
+workers gets it. The releaser then tells that waiter it already holds the slot: at once when it is in the same
+process, over the `Channel` (topic `quota:<key>`, a comma-separated list of tickets) otherwise. The waiter takes
+no further round trip. Polling (`acquire_in_line` again every `poll_s`) is the floor when no channel is
+configured, a message is lost, or a slot came free by expiry (nobody released it).
 
 Fencing: when a renewal reports a lease lost, the task inside the holding block is cancelled and the block
 raises `LeaseLost`: the slot may already belong to someone else, so no upstream call continues on it.
@@ -27,7 +30,7 @@ import itertools
 import logging
 import random
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Mapping
 from types import TracebackType
 
@@ -41,15 +44,10 @@ from tenure.contracts.errors import (
     StoreUnavailable,
 )
 from tenure.contracts.quotas import QuotaSpec
-from tenure.contracts.store import LeaseRef, Leases
-from tenure.contracts.types import new_id
+from tenure.contracts.store import LeaseRef, Leases, line_key, new_ticket, ticket_holder
 
 log = logging.getLogger("tenure.quotas")
 
-WAIT_SUFFIX = "#wait"
-"""The waiting line of quota `k` is the lease key `k#wait` (quota keys cannot contain `#`)."""
-_LINE_LIMIT = 1_000_000
-"""The waiting line is unbounded in practice: tickets are leases only so that a dead waiter's expires."""
 
 
 def _reraise_cancellation() -> None:
@@ -97,16 +95,11 @@ class QuotaManager:
         self.poll_s = poll_s
         self.breaker_s = breaker_s
         self._held: dict[LeaseRef, _Hold] = {}
-        self._waiters: dict[str, dict[str, asyncio.Future[bool]]] = {}  # key → ticket → its wake-up
-        self._my_tickets: set[str] = set()  # tickets of this process's waiters
-        self._handed: set[str] = set()  # tickets told "go" while they were not asleep
-        self._handing_over = False  # run() is active: releases are handed over by its announcer
-        # A wake-up that found no sleeping waiter (they were all busy checking) is kept as a permit: the next
-        # waiter about to sleep checks again instead, so no release is missed until the polling floor, and
-        # one release never sets a whole herd of waiters re-reading the line.
-        self._permits: Counter[str] = Counter()
-        # Releases to announce on the channel, published by `run()` so that a release never waits for it.
-        self._to_announce: set[str] = set()
+        # Tickets of this process's waiters → the future a hand-over resolves (the slot is then already held).
+        self._waiters: dict[str, asyncio.Future[None]] = {}
+        self._handing_over = False  # run() is active: hand-overs to other processes are announced by it
+        # Hand-overs to announce on the channel, published by `run()` so that a release never waits for it.
+        self._to_announce: deque[tuple[str, list[str]]] = deque()
         self._announce = asyncio.Event()
         self._down_until = 0.0
         self._last_renewed = time.monotonic()
@@ -179,50 +172,32 @@ class QuotaManager:
 
     # -- wake-ups ---------------------------------------------------------------------------------------
     async def run(self) -> None:
-        """Hand released slots over to the head of their line, and listen for hand-overs announced by other
-        processes (runs until cancelled). A lost subscription is re-established with backoff; polling covers
-        the gap. Without `run()`, a release only wakes a waiter of the same process."""
-        if not self.specs:
+        """Announce hand-overs to waiters of other processes, and listen for theirs (runs until cancelled). A
+        lost subscription is re-established with backoff; polling covers the gap. Without `run()`, a release
+        tells only the waiters of the same process; the others find their slot by polling."""
+        if not self.specs or self.channel is None:
             return
         self._handing_over = True
         try:
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(self._announcer(self.channel), name="quota-announcer")
-                if self.channel is not None:
-                    tg.create_task(self._listen(self.channel), name="quota-listener")
+                tg.create_task(self._listen(self.channel), name="quota-listener")
         finally:
             self._handing_over = False
 
-    async def _announcer(self, channel: Channel | None) -> None:
-        """After releases of a key, read its line once and tell the waiters at its head — as many as there are
-        free slots — to go: they take a slot without reading the line again, and nobody else wakes up."""
+    async def _announcer(self, channel: Channel) -> None:
+        """Publish the tickets served by releases of this process (and not waiting here) on their key's topic."""
         while True:
             _reraise_cancellation()
             await self._announce.wait()
             self._announce.clear()
-            keys, self._to_announce = self._to_announce, set()
-            for key in keys:
+            while self._to_announce:
+                key, tickets = self._to_announce.popleft()
                 try:
-                    line = sorted(await self.leases.holders(key + WAIT_SUFFIX))
-                    if not line:
-                        continue
-                    free = self.specs[key].limit - len(await self.leases.holders(key))
-                    heads = line[: max(1, free)]
-                    for ticket in heads:
-                        self._go(key, ticket)
-                    if channel is not None and any(t not in self._my_tickets for t in heads):
-                        await channel.publish(quota_topic(key), ",".join(heads))
-                except StoreUnavailable as exc:  # waiters fall back to polling
+                    await channel.publish(quota_topic(key), ",".join(tickets))
+                except StoreUnavailable as exc:  # those waiters fall back to polling
                     _reraise_cancellation()
-                    log.debug("could not hand over a release of %s: %s", key, exc)
-
-    def _go(self, key: str, ticket: str) -> None:
-        """Tell the waiter holding `ticket` (if it is ours) that a slot is free for it."""
-        fut = self._waiters.get(key, {}).get(ticket)
-        if fut is not None and not fut.done():
-            fut.set_result(True)
-        elif ticket in self._my_tickets:
-            self._handed.add(ticket)
+                    log.debug("could not announce a hand-over of %s: %s", key, exc)
 
     async def _listen(self, channel: Channel) -> None:
         topics = [quota_topic(k) for k in self.specs]
@@ -230,50 +205,31 @@ class QuotaManager:
         while True:
             _reraise_cancellation()
             try:
-                async for topic, message in channel.subscribe(topics):
+                async for _topic, message in channel.subscribe(topics):
                     delay = 0.1
-                    key = topic.removeprefix("quota:")
                     for ticket in message.split(","):
-                        self._go(key, ticket)
+                        self._granted(ticket)
             except StoreUnavailable as exc:
                 _reraise_cancellation()
                 log.warning("quota wake-up channel lost, polling meanwhile: %s", exc)
             await asyncio.sleep(delay * random.uniform(0.5, 1.0))
             delay = min(delay * 2, 5.0)
 
-    def _wake(self, key: str) -> None:
-        """Wake this process's oldest sleeping waiter of `key` (not all of them: one freed slot needs one
-        taker, and a herd of waiters re-reading the line would cost a round trip each)."""
-        waiters = self._waiters.get(key)
-        if waiters:
-            for ticket in sorted(waiters):
-                fut = waiters[ticket]
-                if not fut.done():
-                    fut.set_result(False)
-                    return
-        self._permits[key] = min(self._permits[key] + 1, 64)
+    def _granted(self, ticket: str) -> bool:
+        """Tell this process's waiter holding `ticket` (if any) that it holds a slot now. True if it was ours."""
+        fut = self._waiters.get(ticket)
+        if fut is None:
+            return False
+        if not fut.done():
+            fut.set_result(None)
+        return True
 
-    async def _sleep_until_woken(self, key: str, ticket: str, timeout_s: float) -> bool:
-        """Sleep until woken or `timeout_s`; True when a hand-over told this ticket to go."""
-        fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        waiters = self._waiters.setdefault(key, {})
-        waiters[ticket] = fut
-        try:
-            try:
-                return await asyncio.wait_for(fut, timeout_s)
-            except TimeoutError:
-                return False
-        finally:
-            waiters.pop(ticket, None)
-            if not waiters:
-                self._waiters.pop(key, None)
-
-    def _announce_release(self, key: str) -> None:
-        if self._handing_over:
-            self._to_announce.add(key)
+    def _served(self, key: str, tickets: list[str]) -> None:
+        """A release handed slots of `key` to `tickets`: wake ours now, announce the others'."""
+        others = [t for t in tickets if not self._granted(t)]
+        if others and self._handing_over:
+            self._to_announce.append((key, others))
             self._announce.set()
-        else:
-            self._wake(key)
 
     # -- acquire / release -----------------------------------------------------------------------------------
     def _track(self, ref: LeaseRef, on_lost: Callable[[], None]) -> None:
@@ -292,75 +248,65 @@ class QuotaManager:
         if self._short_circuited():
             return self._backend_down(spec, None)
         try:
-            # FIFO: while others wait in line, a new caller joins the line instead of taking a slot that has
-            # just come free for the oldest waiter. (`wait=False` never waits, so it never queues either.)
-            if wait and await self.leases.holders(spec.key + WAIT_SUFFIX):
-                return await self._wait_in_line(spec, holder, timeout_s)
-            if await self._try(spec, holder):
-                return True
-            if not wait:
+            if not wait:  # never waits, so never queues either
+                if await self.leases.acquire(spec.key, holder, spec.limit, self.ttl_s):
+                    return True
                 self.rejected[spec.key] += 1
                 self.rejections[(spec.key, "full")] += 1
                 raise QuotaExhausted(f"every slot of quota {spec.key!r} is held", spec.key, spec.limit)
-            return await self._wait_in_line(spec, holder, timeout_s)
+            return await self._acquire_in_line(spec, holder, timeout_s)
         except LeasesUnavailable as exc:
             return self._backend_down(spec, exc)
 
-    async def _try(self, spec: QuotaSpec, holder: str) -> bool:
-        return await self.leases.acquire(spec.key, holder, spec.limit, self.ttl_s)
-
-    async def _wait_in_line(self, spec: QuotaSpec, holder: str, timeout_s: float | None) -> bool:
+    async def _acquire_in_line(self, spec: QuotaSpec, holder: str, timeout_s: float | None) -> bool:
         loop = asyncio.get_running_loop()
         deadline = None if timeout_s is None else loop.time() + timeout_s
-        line_key = spec.key + WAIT_SUFFIX
-        ticket = LeaseRef(line_key, new_id())  # time-ordered: the line is sorted by ticket
-        self._my_tickets.add(ticket.holder)
-        await self.leases.acquire(line_key, ticket.holder, _LINE_LIMIT, self.ttl_s)
-        self._track(ticket, lambda: None)  # a lost ticket is taken again below, keeping its place
-        go = False
+        ticket = LeaseRef(line_key(spec.key), new_ticket(holder))
+        # Listen before asking: a hand-over may be announced before the answer to our own call arrives.
+        granted: asyncio.Future[None] = loop.create_future()
+        self._waiters[ticket.holder] = granted
+        queued = held = False
         try:
+            if await self.leases.acquire_in_line(spec.key, ticket.holder, spec.limit, self.ttl_s):
+                held = True
+                return True
+            queued = True
+            self._track(ticket, lambda: None)  # a lost ticket is queued again by the next poll, keeping its place
             while True:
-                if go:  # handed a slot: take it without reading the line again
-                    go = False
-                    if await self._try(spec, holder):
-                        return True
-                line = sorted(await self.leases.holders(line_key))
-                if ticket.holder not in line:
-                    await self.leases.acquire(line_key, ticket.holder, _LINE_LIMIT, self.ttl_s)
-                    self._track(ticket, lambda: None)
-                    line = sorted([*line, ticket.holder])
-                ahead = line.index(ticket.holder)
-                # The head of the line just tries (acquire is atomic and refuses when full); the others try
-                # only if there are enough free slots for everyone ahead of them too.
-                if ahead == 0 or ahead < spec.limit - len(await self.leases.holders(spec.key)):
-                    if await self._try(spec, holder):
-                        return True
                 left = self.poll_s if deadline is None else min(self.poll_s, deadline - loop.time())
-                if left <= 0:
+                if left > 0:
+                    # Jitter the polling floor so that waiters of many processes do not poll in lockstep.
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(asyncio.shield(granted), left * random.uniform(0.8, 1.0))
+                if granted.done():
+                    held = True
+                    return True  # a release handed us the slot on the server: nothing left to ask
+                if deadline is not None and loop.time() >= deadline:
                     self.rejected[spec.key] += 1
                     self.rejections[(spec.key, "timeout")] += 1
                     raise QuotaExhausted(
-                        f"no slot of quota {spec.key!r} came free within {timeout_s:g} s",
-                        spec.key,
-                        spec.limit,
+                        f"no slot of quota {spec.key!r} came free within {timeout_s:g} s", spec.key, spec.limit
                     )
-                if ticket.holder in self._handed:
-                    self._handed.discard(ticket.holder)
-                    go = True
-                    continue  # handed a slot while we were checking
-                if self._permits[spec.key] > 0:
-                    self._permits[spec.key] -= 1
-                    continue  # a release was announced while we were checking: check again now
-                # Jitter the polling floor so that waiters of many processes do not poll in lockstep.
-                go = await self._sleep_until_woken(spec.key, ticket.holder, left * random.uniform(0.8, 1.0))
+                # The floor: were we handed a slot whose message was lost, or did one come free by expiry?
+                if await self.leases.acquire_in_line(spec.key, ticket.holder, spec.limit, self.ttl_s):
+                    held = True
+                    return True
         finally:
-            # No wake-up for the next in line: leaving the line frees no slot, and every release that did free
-            # one has woken (or left a permit for) a waiter of its own.
+            self._waiters.pop(ticket.holder, None)
             self._untrack(ticket)
-            self._my_tickets.discard(ticket.holder)
-            self._handed.discard(ticket.holder)
-            with contextlib.suppress(StoreUnavailable):
-                await self.leases.release(line_key, ticket.holder)
+            if queued and not held:
+                # Timed out, cancelled, or the backend failed: a dead ticket must not stay at the head of the
+                # line (slots handed to it would idle until it expires), nor a slot granted meanwhile.
+                await self._leave_line(spec, ticket)
+
+    async def _leave_line(self, spec: QuotaSpec, ticket: LeaseRef) -> None:
+        """Give up waiting: leave the line, and give back (handing it over) a slot granted meanwhile."""
+        with contextlib.suppress(StoreUnavailable):
+            await self.leases.release(ticket.key, ticket.holder)
+            served = await self.leases.release_and_hand_over(
+                spec.key, ticket_holder(ticket.holder), spec.limit, self.ttl_s
+            )
+            self._served(spec.key, served)
 
     def _backend_down(self, spec: QuotaSpec, exc: LeasesUnavailable | None) -> bool:
         if exc is not None:
@@ -376,15 +322,21 @@ class QuotaManager:
         ) from exc
 
     async def release(self, ref: LeaseRef) -> None:
-        """Give a slot back (harmless twice) and wake the oldest waiter. Never raises: a release that cannot
-        reach the backend leaves a lease that expires within one TTL."""
+        """Give a slot back (harmless twice), handing it to the oldest waiter in the same step, and tell that
+        waiter. Never raises: a release that cannot reach the backend leaves a lease that expires within one
+        TTL."""
         self._untrack(ref)
+        spec = self.specs.get(ref.key)
         try:
-            await self.leases.release(ref.key, ref.holder)
+            if spec is None:
+                await self.leases.release(ref.key, ref.holder)
+                return
+            served = await self.leases.release_and_hand_over(ref.key, ref.holder, spec.limit, self.ttl_s)
         except StoreUnavailable as exc:
             log.warning("quota release of %s failed (it expires within the TTL): %s", ref.key, exc)
             return
-        self._announce_release(ref.key)
+        if served:
+            self._served(ref.key, served)
 
 
 class QuotaBlock:

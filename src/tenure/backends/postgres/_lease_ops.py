@@ -68,3 +68,17 @@ async def holders(pool: Any, key: str) -> list[str]:
     """The unexpired holders of `key`, soonest expiry first."""
     async with _conn(pool, "holders") as conn:
         return [r[0] for r in await conn.fetch(Q["lease_holders"], key)]
+
+
+async def acquire_in_line(pool: Any, key: str, ticket: str, limit: int, ttl_s: float) -> bool:
+    """Take a slot for the ticket's holder in FIFO order, or queue the ticket in the key's line."""
+    check_args(limit, ttl_s)
+    async with _conn(pool, "acquire") as conn:
+        return bool(await conn.fetchval(Q["lease_acquire_in_line"], key, ticket, limit, ttl_s))
+
+
+async def release_and_hand_over(pool: Any, key: str, holder: str, limit: int, ttl_s: float) -> list[str]:
+    """Release the holder's slot and hand the free slots to the oldest tickets of the line (one call)."""
+    check_args(limit, ttl_s)
+    async with _conn(pool, "release") as conn:
+        return [r[0] for r in await conn.fetch(Q["lease_release_and_hand_over"], key, holder, limit, ttl_s)]

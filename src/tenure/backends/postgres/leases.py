@@ -53,6 +53,14 @@ class PostgresLeases:
         """The unexpired holders of `key`, soonest expiry first."""
         return await _lease_ops.holders(self._pool, key)
 
+    async def acquire_in_line(self, key: str, ticket: str, limit: int, ttl_s: float) -> bool:
+        """Take a slot for the ticket's holder in FIFO order, or queue the ticket in `key`'s line."""
+        return await _lease_ops.acquire_in_line(self._pool, key, ticket, limit, ttl_s)
+
+    async def release_and_hand_over(self, key: str, holder: str, limit: int, ttl_s: float) -> list[str]:
+        """Release `holder`'s slot and hand the free slots to the oldest tickets of the line."""
+        return await _lease_ops.release_and_hand_over(self._pool, key, holder, limit, ttl_s)
+
     async def close(self) -> None:
         """Close the pool. Idempotent."""
         if self._closed:

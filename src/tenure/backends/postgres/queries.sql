@@ -479,6 +479,14 @@ RETURNING l.key, l.holder
 -- Give back one slot; releasing a slot not held does nothing.
 DELETE FROM leases WHERE key = $1 AND holder = $2
 
+-- name: lease_acquire_in_line --
+-- Take a slot in FIFO order or wait in the key's line (tenure_lease_acquire_in_line in schema.sql).
+SELECT tenure_lease_acquire_in_line($1, $2, $3, $4)
+
+-- name: lease_release_and_hand_over --
+-- Release a slot and hand the free slots to the oldest tickets of the line; returns the tickets served.
+SELECT tenure_lease_release_and_hand_over($1, $2, $3, $4)
+
 -- name: lease_holders --
 -- Unexpired holders of a key, soonest expiry first.
 SELECT holder FROM leases WHERE key = $1 AND expires_at > now() ORDER BY expires_at, holder

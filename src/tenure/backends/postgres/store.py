@@ -795,3 +795,9 @@ class PostgresStore:
 
     async def holders(self, key: str) -> list[str]:
         return await _lease_ops.holders(self._pool, key)
+
+    async def acquire_in_line(self, key: str, ticket: str, limit: int, ttl_s: float) -> bool:
+        return await _lease_ops.acquire_in_line(self._pool, key, ticket, limit, ttl_s)
+
+    async def release_and_hand_over(self, key: str, holder: str, limit: int, ttl_s: float) -> list[str]:
+        return await _lease_ops.release_and_hand_over(self._pool, key, holder, limit, ttl_s)

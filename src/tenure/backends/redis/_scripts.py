@@ -34,11 +34,12 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 """
 
-# Extend (never shorten) the life of the whole key to `keep` ms from now.
+# Extend (never shorten) the life of the whole key to `keep` ms from now, when it would otherwise end before the
+# lease just written (`ttl` ms): the key then outlives every lease in it (each write ensured that for its own
+# lease, and both clocks run down together), and most calls skip the PEXPIRE.
 _KEEP = """
-local function keep_key(key, keep)
-  local pttl = redis.call('PTTL', key)
-  if pttl < keep then redis.call('PEXPIRE', key, keep) end
+local function keep_key(key, ttl, keep)
+  if redis.call('PTTL', key) < ttl then redis.call('PEXPIRE', key, keep) end
 end
 """
 
@@ -56,12 +57,12 @@ redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 -- Idempotent for one holder: a retried acquire (lost reply, double call) refreshes, never takes two slots.
 if redis.call('ZSCORE', KEYS[1], holder) then
   redis.call('ZADD', KEYS[1], now + ttl, holder)
-  keep_key(KEYS[1], keep)
+  keep_key(KEYS[1], ttl, keep)
   return 1
 end
 if redis.call('ZCARD', KEYS[1]) < limit then
   redis.call('ZADD', KEYS[1], now + ttl, holder)
-  keep_key(KEYS[1], keep)
+  keep_key(KEYS[1], ttl, keep)
   return 1
 end
 return 0
@@ -83,7 +84,7 @@ for i, key in ipairs(KEYS) do
   local score = redis.call('ZSCORE', key, holder)
   if score and tonumber(score) > now then
     redis.call('ZADD', key, 'XX', now + ttl, holder)
-    keep_key(key, keep)
+    keep_key(key, ttl, keep)
   else
     -- An expired lease nobody has purged yet is lost all the same: whether it comes back to life must not
     -- depend on whether another caller happened to touch the key in between.
@@ -95,6 +96,86 @@ return lost
 """
 )
 """Extend every (key, holder) pair still held in one call; return the indexes of those that were lost."""
+
+ACQUIRE_IN_LINE = (
+    _NOW
+    + _KEEP
+    + """
+-- KEYS[1] = lease zset, KEYS[2] = its waiting line (zset: member = ticket '<order>/<holder>', score = expiry);
+-- ARGV = ticket, limit, ttl_ms, keep_ms. Returns 1 if the ticket's holder holds a slot, 0 if it waits in line.
+local ticket = ARGV[1]
+local limit = tonumber(ARGV[2])
+local ttl = tonumber(ARGV[3])
+local keep = tonumber(ARGV[4])
+local holder = string.sub(ticket, (string.find(ticket, '/', 1, true) or 0) + 1)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+-- Already a holder (a hand-over granted it while the waiter slept, or a retry): refresh, leave the line.
+local held = redis.call('ZSCORE', KEYS[1], holder)
+if not held then
+  local free = limit - redis.call('ZCARD', KEYS[1])
+  if free > 0 then
+    redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+    -- FIFO: a slot is free for this ticket only if fewer older tickets wait than there are free slots.
+    -- Orders are fixed-width lowercase hex, so Lua's string order is their byte order in any locale.
+    local ahead = 0
+    if redis.call('ZCARD', KEYS[2]) >= free then
+      for _, t in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
+        if t < ticket then ahead = ahead + 1 end
+      end
+    end
+    held = ahead < free
+  end
+end
+if held then
+  redis.call('ZADD', KEYS[1], now + ttl, holder)
+  keep_key(KEYS[1], ttl, keep)
+  redis.call('ZREM', KEYS[2], ticket)
+  return 1
+end
+redis.call('ZADD', KEYS[2], now + ttl, ticket)
+keep_key(KEYS[2], ttl, keep)
+return 0
+"""
+)
+"""Take a slot for the ticket's holder if one is free for it in FIFO order, else queue (or keep) the ticket."""
+
+RELEASE_AND_HAND_OVER = (
+    """
+-- KEYS[1] = lease zset, KEYS[2] = its waiting line; ARGV = holder, limit, ttl_ms, keep_ms.
+-- Returns the tickets whose holders were handed a slot, oldest first.
+if redis.call('EXISTS', KEYS[2]) == 0 then
+  -- Nobody waits: a plain release, no clock needed.
+  redis.call('ZREM', KEYS[1], ARGV[1])
+  return {}
+end
+"""
+    + _NOW
+    + _KEEP
+    + """
+local limit = tonumber(ARGV[2])
+local ttl = tonumber(ARGV[3])
+local keep = tonumber(ARGV[4])
+redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+local free = limit - redis.call('ZCARD', KEYS[1])
+local served = {}
+if free <= 0 then return served end
+local line = redis.call('ZRANGE', KEYS[2], 0, -1)
+table.sort(line)  -- oldest ticket first (fixed-width hex orders: byte order in any locale)
+for _, ticket in ipairs(line) do
+  if free <= 0 then break end
+  local holder = string.sub(ticket, (string.find(ticket, '/', 1, true) or 0) + 1)
+  -- ZADD answers 1 for a new member: a holder granted twice (never expected) takes one slot only.
+  free = free - redis.call('ZADD', KEYS[1], now + ttl, holder)
+  redis.call('ZREM', KEYS[2], ticket)
+  served[#served + 1] = ticket
+end
+if #served > 0 then keep_key(KEYS[1], ttl, keep) end
+return served
+"""
+)
+"""Release a slot and hand every free slot to the oldest tickets of the line, in one atomic step."""
 
 HOLDERS = (
     _NOW

@@ -17,7 +17,7 @@ from redis.exceptions import RedisError
 from tenure.backends.redis import _scripts
 from tenure.backends.redis._client import client_identity
 from tenure.contracts.errors import LeasesUnavailable
-from tenure.contracts.store import LeaseRef, Leases
+from tenure.contracts.store import LeaseRef, Leases, line_key
 
 _T = TypeVar("_T")
 
@@ -84,6 +84,8 @@ class RedisLeases:
         self._acquire = client.register_script(_scripts.ACQUIRE)
         self._renew = client.register_script(_scripts.RENEW)
         self._holders = client.register_script(_scripts.HOLDERS)
+        self._acquire_in_line = client.register_script(_scripts.ACQUIRE_IN_LINE)
+        self._release_and_hand_over = client.register_script(_scripts.RELEASE_AND_HAND_OVER)
 
     @property
     def prefix(self) -> str:
@@ -128,6 +130,24 @@ class RedisLeases:
         keys = [_scripts.lease_key(self._prefix, key)]
         members = await self._call(self._holders(keys=keys), "holders", key)
         return [m.decode() if isinstance(m, bytes) else str(m) for m in members]
+
+    async def acquire_in_line(self, key: str, ticket: str, limit: int, ttl_s: float) -> bool:
+        """Take a slot for the ticket's holder in FIFO order, or queue the ticket in `key`'s line (see `Leases`)."""
+        if limit < 0:
+            raise ValueError(f"limit must be >= 0, got {limit}")
+        ttl_ms = self._ttl_ms(ttl_s)
+        keys = [_scripts.lease_key(self._prefix, key), _scripts.lease_key(self._prefix, line_key(key))]
+        args: list[str | int] = [ticket, limit, ttl_ms, ttl_ms * _scripts.KEY_TTL_FACTOR]
+        answer = await self._call(self._acquire_in_line(keys=keys, args=args), "acquire", key)
+        return int(answer) == 1
+
+    async def release_and_hand_over(self, key: str, holder: str, limit: int, ttl_s: float) -> list[str]:
+        """Release `holder`'s slot and hand the free slots to the oldest tickets of the line (see `Leases`)."""
+        ttl_ms = self._ttl_ms(ttl_s)
+        keys = [_scripts.lease_key(self._prefix, key), _scripts.lease_key(self._prefix, line_key(key))]
+        args: list[str | int] = [holder, limit, ttl_ms, ttl_ms * _scripts.KEY_TTL_FACTOR]
+        served = await self._call(self._release_and_hand_over(keys=keys, args=args), "release", key)
+        return [t.decode() if isinstance(t, bytes) else str(t) for t in served]
 
     async def ping(self) -> None:
         """Check that Redis answers; raise `LeasesUnavailable` if it does not."""

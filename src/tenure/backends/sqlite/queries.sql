@@ -221,6 +221,19 @@ UPDATE leases SET expires_at = {now} + ?3 WHERE key = ?1 AND holder = ?2 AND exp
 -- Give back one slot; releasing a slot not held does nothing.
 DELETE FROM leases WHERE key = ? AND holder = ?
 
+-- name: lease_line_ahead --
+-- Unexpired tickets of a waiting line older than the given one (tickets sort by their order prefix).
+SELECT count(*) FROM leases WHERE key = ?1 AND holder < ?2 AND expires_at > {now}
+
+-- name: lease_upsert --
+-- Take or refresh a lease whether or not it is held: a ticket joining its line, a slot handed over.
+INSERT INTO leases (key, holder, expires_at) VALUES (?1, ?2, {now} + ?3)
+ON CONFLICT (key, holder) DO UPDATE SET expires_at = excluded.expires_at
+
+-- name: lease_line_oldest --
+-- The oldest unexpired tickets of a waiting line, at most the given number.
+SELECT holder FROM leases WHERE key = ?1 AND expires_at > {now} ORDER BY holder LIMIT ?2
+
 -- name: lease_holders --
 -- Unexpired holders of a key, soonest expiry first.
 SELECT holder FROM leases WHERE key = ? AND expires_at > {now} ORDER BY expires_at, holder

@@ -51,7 +51,7 @@ from tenure.contracts.errors import (
     StoreUnavailable,
 )
 from tenure.contracts.states import REQUEUEABLE, JobState, WorkerState
-from tenure.contracts.store import LeaseRef
+from tenure.contracts.store import LeaseRef, line_key, ticket_holder
 from tenure.contracts.types import (
     CircuitState,
     Claim,
@@ -840,6 +840,41 @@ class SqliteStore:
         await self._lease_run(
             lambda: self._tx(lambda db: db.execute(Q["lease_release"], (key, holder))), "lease release"
         )
+
+    async def acquire_in_line(self, key: str, ticket: str, limit: int, ttl_s: float) -> bool:
+        _check_lease_args(limit, ttl_s)
+        line, holder = line_key(key), ticket_holder(ticket)
+
+        def fn(db: sqlite3.Connection) -> bool:
+            db.execute(Q["lease_purge"], (key,))
+            if db.execute(Q["lease_refresh"], (key, holder, ttl_s)).rowcount != 1:
+                free = limit - db.execute(Q["lease_count"], (key,)).fetchone()[0]
+                if free <= 0 or db.execute(Q["lease_line_ahead"], (line, ticket)).fetchone()[0] >= free:
+                    db.execute(Q["lease_upsert"], (line, ticket, ttl_s))
+                    return False
+                db.execute(Q["lease_insert"], (key, holder, ttl_s))
+            db.execute(Q["lease_release"], (line, ticket))
+            return True
+
+        return await self._lease_run(lambda: self._tx(fn), "lease acquire")
+
+    async def release_and_hand_over(self, key: str, holder: str, limit: int, ttl_s: float) -> list[str]:
+        _check_lease_args(limit, ttl_s)
+        line = line_key(key)
+
+        def fn(db: sqlite3.Connection) -> list[str]:
+            db.execute(Q["lease_release"], (key, holder))
+            db.execute(Q["lease_purge"], (key,))
+            free = limit - db.execute(Q["lease_count"], (key,)).fetchone()[0]
+            if free <= 0:
+                return []
+            served = [r[0] for r in db.execute(Q["lease_line_oldest"], (line, free)).fetchall()]
+            for ticket in served:
+                db.execute(Q["lease_upsert"], (key, ticket_holder(ticket), ttl_s))
+                db.execute(Q["lease_release"], (line, ticket))
+            return served
+
+        return await self._lease_run(lambda: self._tx(fn), "lease release")
 
     async def holders(self, key: str) -> list[str]:
         rows = await self._lease_run(
