@@ -69,7 +69,7 @@ async def quota_sleep(ctx: tenure.Context, input: Any) -> dict[str, float]:
         held = time.time()
         await asyncio.sleep(JOB_S)
         releasing = time.time()
-    return {"began": began, "held": held, "releasing": releasing}
+    return {"began": began, "held": held, "releasing": releasing, "pid": os.getpid()}
 
 
 def _quantiles(values: list[float]) -> dict[str, float]:
@@ -84,54 +84,59 @@ def _quantiles(values: list[float]) -> dict[str, float]:
     return {"p50_ms": q(0.5), "p90_ms": q(0.9), "p99_ms": q(0.99), "max_ms": 1000 * v[-1]}
 
 
-def handoff_analysis(rows: list[tuple[float, float, float]], limit: int) -> dict[str, Any]:
-    """From (began, held, releasing) per job: how the quota's slots were used, independent of the total time.
+def handoff_analysis(rows: list[tuple[float, float, float, int]], limit: int) -> dict[str, Any]:
+    """From (began, held, releasing, worker pid) per job: how the quota's slots were used, independent of the total time.
 
     - `holders_time_share`: the share of the steady window (from the moment `limit` slots were first held to
       the last moment a job still waited for one) spent with k slots held, from the jobs' own clocks;
     - `handoff`: for every release while jobs were waiting, the time until the next job held a slot (the
-      release round trip, the grant, the wake-up of a waiter, maybe in the other process);
+      release round trip, the grant, the wake-up of a waiter), split by whether the next holder ran in the
+      releasing worker process or in the other one (matched in order, so approximate at the edges);
     - `slot_cycle`: `limit` × steady window / jobs held in it, i.e. the average time one slot takes per job
       (the job's own JOB_S plus every overhead); the ceiling fraction in the steady state is JOB_S / cycle.
     """
-    events: list[tuple[float, int]] = []
-    for _, held, releasing in rows:
-        events.append((held, +1))
-        events.append((releasing, -1))
+    events: list[tuple[float, int, int]] = []
+    for _, held, releasing, pid in rows:
+        events.append((held, +1, pid))
+        events.append((releasing, -1, pid))
     events.sort()
     # Steady window: from the first time `limit` slots are held to the last `held` of a job that had to wait
     # (after that the queue drains and slots go idle for lack of jobs, not for a slow hand-off).
     count = 0
     start = None
-    for t, d in events:
+    for t, d, _ in events:
         count += d
         if count >= limit and start is None:
             start = t
-    end = max(held for _, held, _ in rows)
+    end = max(held for _, held, _, _ in rows)
     share: dict[int, float] = {}
     gaps: list[float] = []
-    pending: list[float] = []
+    by_place: dict[str, list[float]] = {"same_process": [], "other_process": []}
+    pending: list[tuple[float, int]] = []
     count = 0
     prev = None
-    for t, d in events:
+    for t, d, pid in events:
         if start is not None and prev is not None and start <= prev and t <= end:
             share[count] = share.get(count, 0.0) + (t - prev)
         if d < 0:
             if start is not None and start <= t <= end:
-                pending.append(t)
+                pending.append((t, pid))
         elif pending:
-            gaps.append(t - pending.pop(0))
+            released, by = pending.pop(0)
+            gaps.append(t - released)
+            by_place["same_process" if by == pid else "other_process"].append(t - released)
         count += d
         prev = t
     window = sum(share.values())
-    held_in_window = sum(1 for _, held, _ in rows if start is not None and start <= held <= end)
+    held_in_window = sum(1 for _, held, _, _ in rows if start is not None and start <= held <= end)
     return {
         "steady_window_s": window,
         "holders_time_share": {str(k): v / window for k, v in sorted(share.items())} if window else {},
         "mean_holders": sum(k * v for k, v in share.items()) / window if window else 0.0,
         "handoff": _quantiles(gaps) | {"n": len(gaps), "mean_ms": 1000 * sum(gaps) / max(1, len(gaps))},
+        "handoff_by_place": {k: _quantiles(v) | {"n": len(v)} for k, v in by_place.items()},
         "slot_cycle_ms": 1000 * limit * window / held_in_window if held_in_window else None,
-        "wait_for_slot": _quantiles([held - began for began, held, _ in rows]),
+        "wait_for_slot": _quantiles([held - began for began, held, _, _ in rows]),
     }
 
 
@@ -286,10 +291,11 @@ async def bench_jobs(jobs: int, workers: int, concurrency: int, leases_on: str) 
             f"extract(epoch FROM max(finished_at) - min(execution_started_at)) AS span FROM {schema}.jobs"
         )
         moments = [
-            (r["began"], r["held"], r["releasing"])
+            (r["began"], r["held"], r["releasing"], r["pid"])
             for r in await admin.fetch(
                 f"SELECT (result->>'began')::float8 AS began, (result->>'held')::float8 AS held, "
-                f"(result->>'releasing')::float8 AS releasing FROM {schema}.jobs WHERE state = 'succeeded'"
+                f"(result->>'releasing')::float8 AS releasing, (result->>'pid')::int AS pid "
+                f"FROM {schema}.jobs WHERE state = 'succeeded'"
             )
         ]
     finally:
@@ -377,6 +383,11 @@ async def main() -> int:
                 f"p50 {qa['handoff'].get('p50_ms', 0):.2f} p90 {qa['handoff'].get('p90_ms', 0):.2f} "
                 f"p99 {qa['handoff'].get('p99_ms', 0):.2f} ms over {qa['handoff']['n']} releases"
             )
+            for place, q in qa["handoff_by_place"].items():
+                print(
+                    f"    to a waiter in the {place.replace('_', ' ')}: n {q['n']}, p50 {q.get('p50_ms', 0):.2f} "
+                    f"p90 {q.get('p90_ms', 0):.2f} p99 {q.get('p99_ms', 0):.2f} ms"
+                )
     out = HERE / "results" / "leases.json"
     out.parent.mkdir(exist_ok=True)
     # A run of one part keeps the other part's last results.

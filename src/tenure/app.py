@@ -28,7 +28,7 @@ from tenure.contracts.states import JobState
 from tenure.contracts.store import Leases, Store
 from tenure.contracts.types import Event, Job, JobFilter, WorkerInfo, parse_cursor
 from tenure.control.admission import Admission, AdmissionLimits, JobRequest
-from tenure.control.quotas import QuotaManager
+from tenure.control.quotas import QuotaManager, quota_topic
 from tenure.kernel.registry import Tenure
 from tenure.settings import Settings, load_quota_file
 
@@ -280,14 +280,21 @@ async def open_quotas(settings: Settings, store: Store, ttl_s: float) -> AsyncIt
     specs = dict(await asyncio.to_thread(load_quota_file, "tenure.toml"))
     specs.update(settings.quotas)
     if settings.redis_url:
-        leases: Leases = RedisLeases(settings.redis_url, prefix=settings.redis_prefix + "lease:")
-        channel: Channel | None = RedisChannel(settings.redis_url, prefix=settings.redis_prefix + "chan:")
+        # Leases and channel on one Redis: a release publishes its hand-overs from inside its own script.
+        chan_prefix = settings.redis_prefix + "chan:"
+        leases: Leases = RedisLeases(
+            settings.redis_url, prefix=settings.redis_prefix + "lease:", announce_prefix=chan_prefix + quota_topic("")
+        )
+        channel: Channel | None = RedisChannel(settings.redis_url, prefix=chan_prefix)
     elif isinstance(store, Leases):
         leases, channel = store, None
     else:
         raise ConfigError("quotas need a lease backend: set TENURE_REDIS_URL or use a SQL store")
     try:
-        yield QuotaManager(leases, specs, ttl_s=ttl_s, channel=channel, poll_s=0.25 if channel is None else 1.0)
+        yield QuotaManager(
+            leases, specs, ttl_s=ttl_s, channel=channel, poll_s=0.25 if channel is None else 1.0,
+            leases_announce=channel is not None,
+        )
     finally:
         if channel is not None:
             await channel.close()

@@ -16,7 +16,7 @@ from tenure.backends.redis import RedisChannel, RedisLeases
 from tenure.contracts.errors import LeaseLost, QuotaExhausted, QuotaUnavailable
 from tenure.contracts.quotas import QuotaSpec
 from tenure.contracts.store import LeaseRef, Leases
-from tenure.control.quotas import QuotaManager
+from tenure.control.quotas import QuotaManager, quota_topic
 from tests.contract.test_leases import BACKENDS, REDIS_URL
 
 TTL = 5.0
@@ -246,13 +246,19 @@ async def test_fail_open_lets_the_call_through_unleased_and_counts_it() -> None:
         await dead.inner.close()
 
 
-async def test_waiters_in_other_processes_are_woken_by_a_message_not_by_polling(namespace: str) -> None:
+@pytest.mark.parametrize("announced_by", ["manager", "lease script"])
+async def test_waiters_in_other_processes_are_woken_by_a_message_not_by_polling(
+    namespace: str, announced_by: str
+) -> None:
     prefix = f"tenure-test:{namespace}:lease:"
-    leases = [RedisLeases(REDIS_URL, prefix=prefix) for _ in range(2)]
-    channels = [RedisChannel(REDIS_URL, prefix=f"tenure-test:{namespace}:chan:") for _ in range(2)]
+    chan = f"tenure-test:{namespace}:chan:"
+    in_script = announced_by == "lease script"
+    announce_prefix = chan + quota_topic("") if in_script else None
+    leases = [RedisLeases(REDIS_URL, prefix=prefix, announce_prefix=announce_prefix) for _ in range(2)]
+    channels = [RedisChannel(REDIS_URL, prefix=chan) for _ in range(2)]
     specs = {"k": QuotaSpec("k", 1)}
     qs = [
-        QuotaManager(lease, specs, ttl_s=TTL, channel=c, poll_s=30.0)
+        QuotaManager(lease, specs, ttl_s=TTL, channel=c, poll_s=30.0, leases_announce=in_script)
         for lease, c in zip(leases, channels, strict=True)
     ]
     try:

@@ -44,7 +44,7 @@ from tenure.contracts.errors import (
     StoreUnavailable,
 )
 from tenure.contracts.quotas import QuotaSpec
-from tenure.contracts.store import LeaseRef, Leases, line_key, new_ticket, ticket_holder
+from tenure.contracts.store import WAIT_SUFFIX, LeaseRef, Leases, line_key, new_ticket, ticket_holder
 
 log = logging.getLogger("tenure.quotas")
 
@@ -85,7 +85,10 @@ class QuotaManager:
         channel: Channel | None = None,
         poll_s: float = 0.5,
         breaker_s: float = 3.0,
+        leases_announce: bool = False,
     ) -> None:
+        """`leases_announce`: the lease backend publishes the tickets a release served on the channel itself
+        (`RedisLeases(announce_prefix=<channel prefix> + quota_topic(""))`), so this manager does not."""
         if not ttl_s > 0:
             raise ConfigError(f"quota lease TTL must be positive, not {ttl_s}")
         self.leases = leases
@@ -94,6 +97,7 @@ class QuotaManager:
         self.channel = channel
         self.poll_s = poll_s
         self.breaker_s = breaker_s
+        self.leases_announce = leases_announce
         self._held: dict[LeaseRef, _Hold] = {}
         # Tickets of this process's waiters → the future a hand-over resolves (the slot is then already held).
         self._waiters: dict[str, asyncio.Future[None]] = {}
@@ -166,7 +170,9 @@ class QuotaManager:
         for hold in held:
             if hold.ref in lost and self._held.get(hold.ref) is hold:
                 del self._held[hold.ref]
-                log.warning("quota lease %s of %s was lost", hold.ref.holder, hold.ref.key)
+                if not hold.ref.key.endswith(WAIT_SUFFIX):
+                    # (A ticket leaves the line when it is served, often before its waiter has heard of it.)
+                    log.warning("quota lease %s of %s was lost", hold.ref.holder, hold.ref.key)
                 hold.on_lost()
         return lost_refs
 
@@ -227,7 +233,7 @@ class QuotaManager:
     def _served(self, key: str, tickets: list[str]) -> None:
         """A release handed slots of `key` to `tickets`: wake ours now, announce the others'."""
         others = [t for t in tickets if not self._granted(t)]
-        if others and self._handing_over:
+        if others and self._handing_over and not self.leases_announce:
             self._to_announce.append((key, others))
             self._announce.set()
 

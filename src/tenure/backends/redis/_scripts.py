@@ -141,8 +141,10 @@ return 0
 
 RELEASE_AND_HAND_OVER = (
     """
--- KEYS[1] = lease zset, KEYS[2] = its waiting line; ARGV = holder, limit, ttl_ms, keep_ms.
--- Returns the tickets whose holders were handed a slot, oldest first.
+-- KEYS[1] = lease zset, KEYS[2] = its waiting line; ARGV = holder, limit, ttl_ms, keep_ms, announce channel.
+-- Returns the tickets whose holders were handed a slot, oldest first. When the channel is not empty, they are
+-- also published on it, comma-separated, so that waiters of other processes hear of it as soon as the
+-- releaser does (not one more hop and round trip later).
 if redis.call('EXISTS', KEYS[2]) == 0 then
   -- Nobody waits: a plain release, no clock needed.
   redis.call('ZREM', KEYS[1], ARGV[1])
@@ -171,7 +173,10 @@ for _, ticket in ipairs(line) do
   redis.call('ZREM', KEYS[2], ticket)
   served[#served + 1] = ticket
 end
-if #served > 0 then keep_key(KEYS[1], ttl, keep) end
+if #served > 0 then
+  keep_key(KEYS[1], ttl, keep)
+  if ARGV[5] ~= '' then redis.call('PUBLISH', ARGV[5], table.concat(served, ',')) end
+end
 return served
 """
 )

@@ -46,8 +46,12 @@ class RedisLeases:
         *,
         max_connections: int = 16,
         timeout_s: float = 5.0,
+        announce_prefix: str | None = None,
     ) -> None:
         """Connect lazily to the Redis at `url` (`redis://host:port/db`).
+
+        With `announce_prefix`, `release_and_hand_over` also publishes the tickets it served (comma-separated)
+        on the pub/sub channel `<announce_prefix><key>`, inside the same script.
 
         `max_connections` bounds the pool: callers beyond it wait up to `timeout_s` for a connection rather
         than opening one socket each. `timeout_s` also bounds connecting and every reply, so a dead Redis
@@ -67,18 +71,21 @@ class RedisLeases:
             # connection, on the event loop; naming it once here keeps connecting non-blocking.
             **client_identity(),
         )
-        self._setup(Redis.from_pool(pool), prefix, owns_client=True)
+        self._setup(Redis.from_pool(pool), prefix, owns_client=True, announce_prefix=announce_prefix)
 
     @classmethod
-    def from_client(cls, client: Redis, prefix: str = _scripts.DEFAULT_PREFIX) -> RedisLeases:
+    def from_client(
+        cls, client: Redis, prefix: str = _scripts.DEFAULT_PREFIX, *, announce_prefix: str | None = None
+    ) -> RedisLeases:
         """Use an existing redis.asyncio client. The caller keeps owning it: `close()` leaves it open."""
         leases = cls.__new__(cls)
-        leases._setup(client, prefix, owns_client=False)
+        leases._setup(client, prefix, owns_client=False, announce_prefix=announce_prefix)
         return leases
 
-    def _setup(self, client: Redis, prefix: str, *, owns_client: bool) -> None:
+    def _setup(self, client: Redis, prefix: str, *, owns_client: bool, announce_prefix: str | None) -> None:
         self._client = client
         self._prefix = prefix
+        self._announce_prefix = announce_prefix
         self._owns_client = owns_client
         self._closed = False
         self._acquire = client.register_script(_scripts.ACQUIRE)
@@ -91,6 +98,11 @@ class RedisLeases:
     def prefix(self) -> str:
         """The key prefix of this instance's sorted sets."""
         return self._prefix
+
+    @property
+    def announces_hand_overs(self) -> bool:
+        """Whether `release_and_hand_over` publishes the tickets it served itself (see `announce_prefix`)."""
+        return self._announce_prefix is not None
 
     async def acquire(self, key: str, holder: str, limit: int, ttl_s: float) -> bool:
         """Take one of `limit` slots of `key` for `holder` until server now + `ttl_s`. False if all are held.
@@ -145,7 +157,8 @@ class RedisLeases:
         """Release `holder`'s slot and hand the free slots to the oldest tickets of the line (see `Leases`)."""
         ttl_ms = self._ttl_ms(ttl_s)
         keys = [_scripts.lease_key(self._prefix, key), _scripts.lease_key(self._prefix, line_key(key))]
-        args: list[str | int] = [holder, limit, ttl_ms, ttl_ms * _scripts.KEY_TTL_FACTOR]
+        announce = "" if self._announce_prefix is None else self._announce_prefix + key
+        args: list[str | int] = [holder, limit, ttl_ms, ttl_ms * _scripts.KEY_TTL_FACTOR, announce]
         served = await self._call(self._release_and_hand_over(keys=keys, args=args), "release", key)
         return [t.decode() if isinstance(t, bytes) else str(t) for t in served]
 
