@@ -123,6 +123,10 @@ QUOTA_REJECTED = Counter(
     "tenure_quota_rejected_total", "Quota acquisitions refused (reason: full, timeout, unavailable)",
     ["key", "reason"],
 )
+QUOTA_FAIL_OPEN = Counter(
+    "tenure_quota_fail_open_total",
+    "Quota blocks let through without a lease because the lease backend was down (fail-open keys)", ["key"],
+)
 CIRCUIT_STATE = Gauge(
     "tenure_circuit_state", "Circuit breaker state: 0 closed, 1 half-open, 2 open", ["scope"],
     multiprocess_mode="livemax",

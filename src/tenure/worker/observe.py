@@ -70,12 +70,18 @@ class WorkerObserver:
         self._tenants_seen: set[str] = set()
         self._lost_workers: collections.deque[float] = collections.deque()
         self._quota_rejections_seen: dict[tuple[str, str], int] = {}
+        self._quota_fail_open_seen: dict[str, int] = {}
 
     def quotas_seen(
-        self, in_use: Mapping[str, int], limits: Mapping[str, int], rejections: Mapping[tuple[str, str], int]
+        self,
+        in_use: Mapping[str, int],
+        limits: Mapping[str, int],
+        rejections: Mapping[tuple[str, str], int],
+        fail_open: Mapping[str, int],
     ) -> None:
-        """Export the quotas this worker uses: slots held fleet-wide (read from the lease backend), limits, and
-        this process's refusals by reason (a running total, turned into counter increments)."""
+        """Export the quotas this worker uses: slots held fleet-wide (read from the lease backend), limits, this
+        process's refusals by reason and its blocks let through unleased (fail-open) — running totals, turned
+        into counter increments."""
         for key, n in in_use.items():
             m.QUOTA_IN_USE.labels(key).set(n)
         for key, n in limits.items():
@@ -85,6 +91,11 @@ class WorkerObserver:
             if delta > 0:
                 m.QUOTA_REJECTED.labels(key, reason).inc(delta)
                 self._quota_rejections_seen[(key, reason)] = total
+        for key, total in fail_open.items():
+            delta = total - self._quota_fail_open_seen.get(key, 0)
+            if delta > 0:
+                m.QUOTA_FAIL_OPEN.labels(key).inc(delta)
+                self._quota_fail_open_seen[key] = total
 
     def watch_adapter(self, adapter: BlockingAdapter | ProcessAdapter) -> None:
         """Export an adapter of this worker as `tenure_blocking_*{adapter, role, worker}`."""

@@ -859,7 +859,8 @@ class Worker:
                 tg.create_task(self._quota_heartbeat_loop(), name="quota-heartbeat")
 
     async def _export_quotas(self) -> None:
-        """tenure_quota_in_use / _limit / _rejected_total for every configured quota (one read per key)."""
+        """tenure_quota_in_use / _limit / _rejected_total / _fail_open_total for every configured quota (one read
+        per key)."""
         q = self.quotas
         if q is None:
             return
@@ -869,7 +870,9 @@ class Worker:
                 in_use[key] = len(await q.leases.holders(key))
             except StoreUnavailable:  # LeasesUnavailable too: the gauge keeps its last value
                 continue
-        self._obs.quotas_seen(in_use, {k: spec.limit for k, spec in q.specs.items()}, q.rejections)
+        self._obs.quotas_seen(
+            in_use, {k: spec.limit for k, spec in q.specs.items()}, q.rejections, q.fail_open_admitted
+        )
 
     async def _quota_heartbeat_loop(self) -> None:
         """The heartbeat's quota half, on the same interval but its own task, so a slow store round trip never
