@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import logging
 import os
@@ -133,6 +134,10 @@ async def cmd_worker(args: argparse.Namespace) -> int:
             set_process_log_fields(role="worker", worker_id=worker.id)  # every line of this process, threads too
             metrics_port = args.metrics_port if args.metrics_port is not None else _metrics_port(settings)
             stop_metrics = await _serve_worker_metrics(worker, store, metrics_port, args.metrics_host)
+            # What exists now (imports, the app, connections) lives as long as the process: frozen out of the
+            # collector's generations, it is not traversed by every collection. W2 probe, 4 interleaved pairs:
+            # pickup p99 6.45 vs 7.0 ms (medians), p50 lower in every pair.
+            gc.freeze()
             await worker.run(stop)
     finally:
         if ready is not None:
