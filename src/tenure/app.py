@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
-from tenure.backends.postgres import PostgresStore
+from tenure.backends.postgres import PostgresChannel, PostgresStore
 from tenure.backends.redis import RedisChannel, RedisLeases, RedisReadyIndex
 from tenure.backends.sqlite import SqliteStore
 from tenure.contracts.channel import Channel
@@ -276,7 +276,7 @@ def worker_config(settings: Settings) -> Any:
 async def open_quotas(settings: Settings, store: Store, ttl_s: float) -> AsyncIterator[QuotaManager]:
     """The quota manager of one worker process: limits from tenure.toml (working directory) overridden by
     TENURE_QUOTAS; leases on Redis when `TENURE_REDIS_URL` is set (with pub/sub wake-ups), else on the store's
-    `leases` table (waiters then poll)."""
+    `leases` table (waiters woken by NOTIFY on PostgreSQL, polling on SQLite)."""
     specs = dict(await asyncio.to_thread(load_quota_file, "tenure.toml"))
     specs.update(settings.quotas)
     if settings.redis_url:
@@ -286,6 +286,9 @@ async def open_quotas(settings: Settings, store: Store, ttl_s: float) -> AsyncIt
             settings.redis_url, prefix=settings.redis_prefix + "lease:", announce_prefix=chan_prefix + quota_topic("")
         )
         channel: Channel | None = RedisChannel(settings.redis_url, prefix=chan_prefix)
+    elif isinstance(store, PostgresStore):
+        # Leases in the store; a release wakes waiters of other processes with a NOTIFY.
+        leases, channel = store, PostgresChannel(settings.database_url)
     elif isinstance(store, Leases):
         leases, channel = store, None
     else:
@@ -293,7 +296,7 @@ async def open_quotas(settings: Settings, store: Store, ttl_s: float) -> AsyncIt
     try:
         yield QuotaManager(
             leases, specs, ttl_s=ttl_s, channel=channel, poll_s=0.25 if channel is None else 1.0,
-            leases_announce=channel is not None,
+            leases_announce=isinstance(leases, RedisLeases),
         )
     finally:
         if channel is not None:

@@ -340,3 +340,53 @@ async def test_a_block_that_ends_with_an_error_leaves_its_lease_to_expire_instea
             pass
     async with q.for_execution("c").quota("k", timeout_s=5):  # comes free once the TTL has passed
         assert await leases.holders("k") == ["c:0"]
+
+
+async def test_without_redis_waiters_in_other_processes_are_woken_by_a_notify_not_by_polling(
+    pg_database_url: str, namespace: str
+) -> None:
+    """Leases in PostgreSQL: the release's hand-over is announced with a NOTIFY (PostgresChannel)."""
+    import asyncpg
+
+    from tenure.app import open_store
+    from tenure.backends.postgres import PostgresChannel, PostgresLeases
+    from tenure.settings import Settings
+    from tests.conftest import PG_BASE
+
+    await (await open_store(Settings(database_url=pg_database_url))).close()  # migrated
+    leases = [await PostgresLeases.connect(pg_database_url) for _ in range(2)]
+    prefix = f"t{namespace[:8]}:"
+    channels = [PostgresChannel(pg_database_url, prefix=prefix) for _ in range(2)]
+    specs = {"k": QuotaSpec("k", 1)}
+    qs = [QuotaManager(lease, specs, ttl_s=TTL, channel=c, poll_s=30.0) for lease, c in zip(leases, channels, strict=True)]
+    admin = await asyncpg.connect(PG_BASE)
+    try:
+        async with asyncio.TaskGroup() as tg:
+            listeners = [tg.create_task(q.run()) for q in qs]  # run() also announces the hand-overs
+            holder = qs[0].for_execution("a").quota("k")
+            await holder.__aenter__()
+            listen = f'LISTEN "{channels[0].name(quota_topic("k"))}"'
+            while await admin.fetchval("SELECT count(*) FROM pg_stat_activity WHERE query = $1", listen) < 2:
+                await asyncio.sleep(0.01)
+            waiter = tg.create_task(qs[1].for_execution("b").quota("k").__aenter__())
+            while not await leases[0].holders("k#wait"):
+                await asyncio.sleep(0.005)
+            await holder.__aexit__(None, None, None)
+            async with asyncio.timeout(5):  # far below the 30 s polling floor
+                block = await waiter
+            await block.__aexit__(None, None, None)
+            for listener in listeners:
+                listener.cancel()
+    finally:
+        await admin.close()
+        for x in (*leases, *channels):
+            await x.close()
+
+
+def test_a_long_topic_becomes_a_notify_channel_within_postgres_identifier_limit() -> None:
+    from tenure.backends.postgres import PostgresChannel
+
+    chan = PostgresChannel("postgresql://localhost/x")
+    assert chan.name("quota:k") == "tenure_chan:quota:k"
+    long = chan.name("quota:" + "x" * 100)
+    assert len(long.encode()) <= 63 and long.startswith("tenure_chan:") and long != chan.name("quota:" + "y" * 100)
