@@ -19,6 +19,7 @@ import pytest
 from tenure.app import open_store
 from tenure.contracts.store import Store
 from tenure.settings import Settings
+from tests.integration.redisproc import RedisProc
 
 PG_BASE = os.environ.get("TENURE_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 
@@ -127,6 +128,18 @@ async def store(database_url: str) -> AsyncIterator[Store]:
         yield s
     finally:
         await s.close()
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path) -> Iterator[RedisProc]:
+    """A redis-server of this test's own, for tests that kill, restart or flush Redis, or whose leases must not
+    be lost to another test run's FLUSHDB of a shared server (a correct loss, but one that would let the next
+    holders overrun a quota). Killed afterwards."""
+    server = RedisProc(tmp_path)
+    try:
+        yield server
+    finally:
+        server.kill()
 
 
 @pytest.fixture(autouse=True)

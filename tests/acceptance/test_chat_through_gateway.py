@@ -45,16 +45,6 @@ def mock_model() -> Iterator[str]:
         stop_process(process)
 
 
-@pytest.fixture
-def private_redis(tmp_path: Path) -> Iterator[RedisProc]:
-    """A redis-server of this test's own: a FLUSHDB of the shared server by another test run would drop every
-    lease at once (a correct loss, but one that lets the next holders overrun the model)."""
-    server = RedisProc(tmp_path)
-    try:
-        yield server
-    finally:
-        server.kill()
-
 
 def worker_pids(up: Up) -> list[int]:
     """The `tenure worker` processes below the supervisor (the gateway is left alone)."""

@@ -35,16 +35,6 @@ def mock_model() -> Iterator[str]:
         stop_process(process)
 
 
-@pytest.fixture
-def private_redis(tmp_path: Path) -> Iterator[RedisProc]:
-    """A redis-server of this test's own: other test runs FLUSHDB the shared server, and a flush in the middle
-    of this run would (correctly) lose every lease at once and let the next holders overrun the model."""
-    server = RedisProc(tmp_path)
-    try:
-        yield server
-    finally:
-        server.kill()
-
 
 async def test_two_hundred_chat_jobs_never_exceed_the_models_limit_while_workers_are_killed(
     pg_database_url: str, mock_model: str, private_redis: RedisProc, tmp_path: Path

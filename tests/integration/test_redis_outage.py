@@ -5,7 +5,6 @@ the heartbeat while Redis is down."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,14 +20,6 @@ from tests.integration.redisproc import RedisProc
 pytestmark = pytest.mark.slow
 HEARTBEAT_S = float(FAST["TENURE_HEARTBEAT_S"])
 
-
-@pytest.fixture
-def private_redis(tmp_path: Path) -> Iterator[RedisProc]:
-    server = RedisProc(tmp_path)
-    try:
-        yield server
-    finally:
-        server.kill()
 
 
 async def test_five_hundred_jobs_survive_a_flushall_and_a_restart_of_redis_none_lost_none_run_twice(

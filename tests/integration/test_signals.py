@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import asyncpg
@@ -21,15 +21,6 @@ from tests.conftest import PG_BASE
 from tests.contract.test_store import submit
 from tests.integration.procs import WorkerProc, eventually
 from tests.integration.redisproc import RedisProc
-
-
-@pytest.fixture
-def private_redis(tmp_path: Path) -> Iterator[RedisProc]:
-    server = RedisProc(tmp_path)
-    try:
-        yield server
-    finally:
-        server.kill()
 
 
 @pytest.fixture
