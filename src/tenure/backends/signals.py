@@ -167,6 +167,8 @@ class ChannelSignals:
             except StoreUnavailable as exc:
                 if feed.subscribed:
                     log.warning("%s hints lost (%s); polling until resubscribed", feed.topic, exc)
+            except Exception:  # a driver surprise must not end the subscription for good: poll, then retry
+                log.exception("%s hints failed unexpectedly; polling until resubscribed", feed.topic)
             feed.on_lost()
             await asyncio.sleep(delay)
             delay = min(delay * 2, self.retry_max_s)
