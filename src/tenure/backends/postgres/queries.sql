@@ -103,11 +103,7 @@ WITH x AS (
       FROM s
     RETURNING job_id, epoch, seq, execution_id, type, payload, ts
 ), wake AS (
-    SELECT tenure_notify_events(json_agg(json_build_object(
-               'j', job_id, 'x', execution_id, 'e', epoch, 's', seq, 't', type, 'p', payload,
-               'ts', extract(epoch FROM ts)::float8) ORDER BY job_id, epoch, seq)::text,
-           array_agg(DISTINCT job_id::text))
-      FROM ev HAVING count(*) > 0
+    SELECT tenure_notify_appended(json_agg(ev)) FROM ev HAVING count(*) > 0
 )
 SELECT id::text, attempts, extract(epoch FROM execution_started_at)::float8 AS started_at,
        (SELECT count(*) FROM wake) AS woke
@@ -191,11 +187,7 @@ WITH s AS (
       FROM s
     RETURNING job_id, epoch, seq, execution_id, type, payload, ts
 ), wake AS (
-    SELECT tenure_notify_events(json_agg(json_build_object(
-               'j', job_id, 'x', execution_id, 'e', epoch, 's', seq, 't', type, 'p', payload,
-               'ts', extract(epoch FROM ts)::float8) ORDER BY job_id, epoch, seq)::text,
-           array_agg(DISTINCT job_id::text))
-      FROM ev HAVING count(*) > 0
+    SELECT tenure_notify_appended(json_agg(ev)) FROM ev HAVING count(*) > 0
 )
 SELECT id::text, epoch, o_agent, o_input, attempts, o_max_attempts, o_timeout_s, o_retry_safe, o_tenant,
        o_created_at, o_claimed_at, execution_id::text, extract(epoch FROM execution_started_at)::float8,
@@ -245,11 +237,7 @@ WITH x AS (
     INSERT INTO circuit_failures (key)
     SELECT 'agent:' || f.agent FROM x JOIN f ON f.id = x.job_id WHERE x.error_code = 'timeout'
 ), wake AS (
-    SELECT tenure_notify_events(json_agg(json_build_object(
-               'j', job_id, 'x', execution_id, 'e', epoch, 's', seq, 't', type, 'p', payload,
-               'ts', extract(epoch FROM ts)::float8) ORDER BY job_id, epoch, seq)::text,
-           array_agg(DISTINCT job_id::text))
-      FROM ev HAVING count(*) > 0
+    SELECT tenure_notify_appended(json_agg(ev)) FROM ev HAVING count(*) > 0
 )
 SELECT id::text, (SELECT count(*) FROM wake) AS woke FROM f
 
@@ -270,11 +258,7 @@ WITH ins AS (
     ON CONFLICT (job_id, epoch, seq) DO NOTHING
     RETURNING job_id, epoch, seq, execution_id, type, payload, ts
 ), wake AS (
-    SELECT tenure_notify_events(json_agg(json_build_object(
-               'j', job_id, 'x', execution_id, 'e', epoch, 's', seq, 't', type, 'p', payload,
-               'ts', extract(epoch FROM ts)::float8) ORDER BY job_id, epoch, seq)::text,
-           array_agg(DISTINCT job_id::text))
-      FROM ins HAVING count(*) > 0
+    SELECT tenure_notify_appended(json_agg(ins)) FROM ins HAVING count(*) > 0
 )
 SELECT job_id::text, (SELECT count(*) FROM wake) AS woke FROM ins
 

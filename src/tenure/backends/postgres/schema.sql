@@ -224,3 +224,22 @@ BEGIN
     PERFORM pg_notify('tenure_events', body);
 END
 $$;
+
+-- The events one statement appended (`json_agg` of the inserted `events` rows), as one NOTIFY on
+-- `tenure_events` in the body format of `tenure_notify_events`. The rows are reshaped only when a NOTIFY is
+-- sent: the four writers that append events (start, claim_and_start, finish, append) share this one call.
+CREATE FUNCTION tenure_notify_appended(p_rows json) RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    IF current_setting('tenure.notify_events', true) = 'off'
+       OR NOT EXISTS (SELECT 1 FROM event_listeners WHERE expires_at > now()) THEN
+        RETURN;
+    END IF;
+    PERFORM tenure_notify_events(
+        (SELECT json_agg(json_build_object(
+                    'j', r->>'job_id', 'x', r->>'execution_id', 'e', (r->>'epoch')::int4, 's', (r->>'seq')::int4,
+                    't', r->>'type', 'p', r->'payload', 'ts', extract(epoch FROM (r->>'ts')::timestamptz)::float8)
+                ORDER BY r->>'job_id' COLLATE "C", (r->>'epoch')::int4, (r->>'seq')::int4)::text
+           FROM json_array_elements(p_rows) AS r),
+        (SELECT array_agg(DISTINCT r->>'job_id') FROM json_array_elements(p_rows) AS r));
+END
+$$;
