@@ -82,3 +82,34 @@ async def release_and_hand_over(pool: Any, key: str, holder: str, limit: int, tt
     check_args(limit, ttl_s)
     async with _conn(pool, "release") as conn:
         return [r[0] for r in await conn.fetch(Q["lease_release_and_hand_over"], key, holder, limit, ttl_s)]
+
+
+class PoolLeases:
+    """The `Leases` methods over `self._pool`, for the classes that lease on a pool (`PostgresStore`,
+    `PostgresLeases`): one definition of each, so both run exactly the same statements."""
+
+    _pool: Any
+
+    async def acquire(self, key: str, holder: str, limit: int, ttl_s: float) -> bool:
+        """Take one of `limit` slots of `key` for `holder` until server now + `ttl_s`; False if full."""
+        return await acquire(self._pool, key, holder, limit, ttl_s)
+
+    async def renew(self, held: Sequence[LeaseRef], ttl_s: float) -> list[LeaseRef]:
+        """Extend every held lease in one statement; return the ones that were lost."""
+        return await renew(self._pool, held, ttl_s)
+
+    async def release(self, key: str, holder: str) -> None:
+        """Give the slot back; harmless when not held."""
+        await release(self._pool, key, holder)
+
+    async def holders(self, key: str) -> list[str]:
+        """The unexpired holders of `key`, soonest expiry first."""
+        return await holders(self._pool, key)
+
+    async def acquire_in_line(self, key: str, ticket: str, limit: int, ttl_s: float) -> bool:
+        """Take a slot for the ticket's holder in FIFO order, or queue the ticket in `key`'s line."""
+        return await acquire_in_line(self._pool, key, ticket, limit, ttl_s)
+
+    async def release_and_hand_over(self, key: str, holder: str, limit: int, ttl_s: float) -> list[str]:
+        """Release `holder`'s slot and hand the free slots to the oldest tickets of the line."""
+        return await release_and_hand_over(self._pool, key, holder, limit, ttl_s)

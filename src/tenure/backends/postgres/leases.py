@@ -9,7 +9,6 @@ migrated (`PostgresStore.migrate`).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import asyncpg
@@ -17,10 +16,10 @@ import asyncpg
 from tenure.backends.postgres import _lease_ops
 from tenure.backends.postgres.store import _dsn
 from tenure.contracts.errors import LeasesUnavailable
-from tenure.contracts.store import LeaseRef, Leases
+from tenure.contracts.store import Leases
 
 
-class PostgresLeases:
+class PostgresLeases(_lease_ops.PoolLeases):
     """Named, heartbeated slots on PostgreSQL. Create with `await PostgresLeases.connect(url)`."""
 
     def __init__(self, pool: Any) -> None:
@@ -36,30 +35,6 @@ class PostgresLeases:
         except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError) as exc:
             raise LeasesUnavailable(f"PostgreSQL lease backend could not connect: {exc}") from exc
         return cls(pool)
-
-    async def acquire(self, key: str, holder: str, limit: int, ttl_s: float) -> bool:
-        """Take one of `limit` slots of `key` for `holder` until server now + `ttl_s`; False if full."""
-        return await _lease_ops.acquire(self._pool, key, holder, limit, ttl_s)
-
-    async def renew(self, held: Sequence[LeaseRef], ttl_s: float) -> list[LeaseRef]:
-        """Extend every held lease in one statement; return the ones that were lost."""
-        return await _lease_ops.renew(self._pool, held, ttl_s)
-
-    async def release(self, key: str, holder: str) -> None:
-        """Give the slot back; harmless when not held."""
-        await _lease_ops.release(self._pool, key, holder)
-
-    async def holders(self, key: str) -> list[str]:
-        """The unexpired holders of `key`, soonest expiry first."""
-        return await _lease_ops.holders(self._pool, key)
-
-    async def acquire_in_line(self, key: str, ticket: str, limit: int, ttl_s: float) -> bool:
-        """Take a slot for the ticket's holder in FIFO order, or queue the ticket in `key`'s line."""
-        return await _lease_ops.acquire_in_line(self._pool, key, ticket, limit, ttl_s)
-
-    async def release_and_hand_over(self, key: str, holder: str, limit: int, ttl_s: float) -> list[str]:
-        """Release `holder`'s slot and hand the free slots to the oldest tickets of the line."""
-        return await _lease_ops.release_and_hand_over(self._pool, key, holder, limit, ttl_s)
 
     async def close(self) -> None:
         """Close the pool. Idempotent."""

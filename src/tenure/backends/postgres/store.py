@@ -38,7 +38,6 @@ from tenure.contracts.errors import (
     StoreUnavailable,
 )
 from tenure.contracts.states import REQUEUEABLE, JobState, WorkerState
-from tenure.contracts.store import LeaseRef
 from tenure.contracts.types import (
     CircuitState,
     Claim,
@@ -143,7 +142,7 @@ def _fence_arrays(fences: Iterable[Fence]) -> tuple[list[str], list[int], list[i
     return ids, epochs, tokens
 
 
-class PostgresStore:
+class PostgresStore(_lease_ops.PoolLeases):
     """The Tenure store on PostgreSQL. Create with `await PostgresStore.connect(url)`."""
 
     dialect = "postgres"
@@ -780,24 +779,3 @@ class PostgresStore:
         self._notice_ready.clear()
         out, self._notices = self._notices, []
         return out
-
-    # -- leases -------------------------------------------------------------------------------------------------------
-    # The statements live in `_lease_ops` so that `PostgresLeases` (a lease backend on its own tiny pool) runs
-    # exactly the same SQL.
-    async def acquire(self, key: str, holder: str, limit: int, ttl_s: float) -> bool:
-        return await _lease_ops.acquire(self._pool, key, holder, limit, ttl_s)
-
-    async def renew(self, held: Sequence[LeaseRef], ttl_s: float) -> list[LeaseRef]:
-        return await _lease_ops.renew(self._pool, held, ttl_s)
-
-    async def release(self, key: str, holder: str) -> None:
-        await _lease_ops.release(self._pool, key, holder)
-
-    async def holders(self, key: str) -> list[str]:
-        return await _lease_ops.holders(self._pool, key)
-
-    async def acquire_in_line(self, key: str, ticket: str, limit: int, ttl_s: float) -> bool:
-        return await _lease_ops.acquire_in_line(self._pool, key, ticket, limit, ttl_s)
-
-    async def release_and_hand_over(self, key: str, holder: str, limit: int, ttl_s: float) -> list[str]:
-        return await _lease_ops.release_and_hand_over(self._pool, key, holder, limit, ttl_s)
