@@ -91,7 +91,7 @@ async def main(n: int, workers: int) -> None:
         xs = sorted(r[k] * 1000 for r in rows)
         q = [xs[min(len(xs) - 1, int(p * len(xs)))] for p in (0.5, 0.9, 0.99)]
         print(f"  {name:30s} p50 {q[0]:6.2f}  p90 {q[1]:6.2f}  p99 {q[2]:6.2f}  max {xs[-1]:6.2f} ms")
-    worst = sorted(rows, key=lambda r: -r[4])[:5]
+    worst = sorted(rows, key=lambda r: -r[4])[:int(os.environ.get("PICKUP_WORST", "5"))]
     print("  slowest totals (stages, ms):", [[round(x * 1000, 2) for x in r] for r in worst])
 
 

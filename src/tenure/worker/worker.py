@@ -117,11 +117,13 @@ class _Writer:
     together — events first (so a job's history is complete before its finish), then finishes."""
 
     def __init__(
-        self, store: Store, worker_id: str, on_rejected: Callable[[str], None], linger_s: float = 0.0, full: int = 1
+        self, store: Store, worker_id: str, on_rejected: Callable[[str], None], linger_s: float = 0.0, full: int = 1,
+        busy: Callable[[], bool] = lambda: True,
     ) -> None:
         self._store = store
         self._linger_s = linger_s
         self._full = full  # this many pending finishes make a batch worth sending without lingering
+        self._busy = busy  # are other jobs still running (whose finishes could join a lingering write)?
         self._worker_id = worker_id
         self._on_rejected = on_rejected
         self._events: list[NewEvent] = []
@@ -158,9 +160,14 @@ class _Writer:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            if self._linger_s > 0 and not (self._flushes or self._closing) and len(self._finishes) < self._full:
+            if (
+                self._linger_s > 0 and not (self._flushes or self._closing) and len(self._finishes) < self._full
+                and self._busy()
+            ):
                 # Nobody waits on this write: let the finishes of jobs ending in the next moments share its
                 # round trip and commit (batches of ~6 grow to ~15 in a drain; a result shows up that much later).
+                # With no other job running there is nothing to wait for: an idle worker writes at once, so its
+                # commit does not land on the pickup of the next job.
                 await asyncio.sleep(self._linger_s)
             events, flushes, finishes = self._events, self._flushes, self._finishes
             self._events, self._flushes, self._finishes = [], [], []
@@ -375,7 +382,8 @@ class Worker:
         self._stopping = asyncio.Event()
         self._shutting_down = False
         self._writer = _Writer(
-            store, self.id, self._lose, self.config.write_linger_s, max(1, self.config.concurrency)
+            store, self.id, self._lose, self.config.write_linger_s, max(1, self.config.concurrency),
+            busy=lambda: self._busy > 0,
         )
         self._adapter = BlockingAdapter(
             "worker", self.config.blocking_max_in_flight, self.config.blocking_max_queued,
@@ -464,6 +472,11 @@ class Worker:
             if together:
                 self._launch(pairs, claimed=False)
                 await self.faults.hit("after_start", {c.agent for c in claims})
+                if len(claims) < free:
+                    # Fewer than asked: nothing else was claimable when this claim ran. A job committed since
+                    # then has woken (or will wake) wait_for_jobs, so wait for that rather than spend a round
+                    # trip (and the CPU the jobs just started need) on a claim that finds nothing.
+                    await self._wait_any(self.store.wait_for_jobs(cfg.poll_s), cfg.poll_s)
                 continue
             for c in claims:
                 self._claimed[c.fence.job_id] = c

@@ -3,6 +3,9 @@
 
 -- name: enqueue_jobs --
 -- Insert a batch of jobs, skipping any whose (tenant, idempotency digest) exists; one NOTIFY if any row was new.
+-- When a row was inserted, the statement's transaction commits without waiting for its WAL flush
+-- (synchronous_commit off, set for this transaction only): the jobs and the NOTIFY are visible to workers one
+-- fsync sooner. The caller then runs `flush_barrier` before it reports the jobs as accepted; see there.
 WITH ins AS (
     INSERT INTO jobs (id, tenant, agent, input, priority, requires, idem_digest, request_fingerprint,
                       deadline, max_attempts, timeout_s, retry_safe)
@@ -16,9 +19,20 @@ WITH ins AS (
     ON CONFLICT (tenant, idem_digest) WHERE idem_digest IS NOT NULL DO NOTHING
     RETURNING id
 ), wake AS (
-    SELECT pg_notify('tenure_jobs', '') FROM (SELECT 1 FROM ins LIMIT 1) AS one
+    SELECT pg_notify('tenure_jobs', ''), set_config('synchronous_commit', 'off', true)
+      FROM (SELECT 1 FROM ins LIMIT 1) AS one
 )
 SELECT id::text, (SELECT count(*) FROM wake) AS woke FROM ins
+
+-- name: flush_barrier --
+-- A transaction that writes one WAL record (a transactional logical message, prefix `tenure`, empty body; no
+-- table is touched) and commits durably (the pool's synchronous_commit is on). Its commit returns only once the
+-- WAL is flushed up to its commit record, so past every commit this session has seen, the enqueue's own
+-- included (WAL is one sequence). A transaction that only took an xid would not do: PostgreSQL skips the flush
+-- when the commit record is the transaction's only WAL. An enqueue returns only after this, so an accepted job
+-- is durable; a job that was only seen (committed, not yet flushed) cannot outlive a crash in anything durable
+-- either: the start that runs it commits durably after the insert, and so flushes the insert too.
+SELECT pg_logical_emit_message(true, 'tenure', '')::text
 
 -- name: find_by_idem --
 -- The existing jobs of one tenant with these idempotency digests (the answer to a replayed key).

@@ -305,6 +305,9 @@ class PostgresStore(_lease_ops.PoolLeases):
                 for tenant, digests in by_tenant.items():
                     for r in await conn.fetch(Q["find_by_idem"], tenant, digests):
                         existing[(tenant, bytes(r["idem_digest"]))] = (r["id"], bytes(r["request_fingerprint"]))
+            # The insert committed without waiting for its flush; nothing is accepted until it is durable. This
+            # also covers a replayed key whose original commit this session saw before it was flushed.
+            await conn.fetchval(Q["flush_barrier"])
         for j in jobs:
             if j.id in created:
                 out.append(Enqueued(j.id, True))
