@@ -7,12 +7,14 @@ One submit every 10 ms to idle workers (like W2). For each job, from the client'
 the database's timestamps (same machine, same clock):
 
     t0 -> created        the submit reaches the INSERT's transaction (created_at = its now())
-    submit returns       the submit call returns, after created_at (statement + durable commit + reply)
+    submit returns       the submit call returns, after created_at (statement, its commit, then the flush
+                         barrier: the job is durable when submit returns)
     created -> claim     the worker's claim transaction begins (commit, NOTIFY delivery, wake-up)
     claim -> handler     the handler runs (claim + start, durable commit, reply, task start)
     total                t0 -> handler: the harness's pickup latency
 
-Prints p50/p90/p99/max of each and the slowest totals. Uses a scratch schema `bench_pickup` in the test database.
+Prints p50/p90/p99/max of each and the slowest totals (PICKUP_WORST=N shows N of them, default 5). Uses a
+scratch schema `bench_pickup` in the test database.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@ that path may not give up on the way.
 
 - PostgreSQL: an enqueue commits without waiting for its WAL flush (workers see the job one fsync sooner), but
   returns only once the flush covers it; claim_and_start returns only once its own commit is flushed.
-- The worker: after a claim that found fewer jobs than it asked for, it waits for a wake-up instead of
-  claiming again at once; a job submitted meanwhile is still picked up without waiting for the poll floor.
+- The worker picks up jobs submitted one at a time, while a claim or a handler is in flight, without waiting
+  for the poll floor.
 - The worker's writer lingers (for finishes to share a commit) only while other jobs are running."""
 
 from __future__ import annotations
@@ -86,11 +86,11 @@ async def running_worker(database_url: str) -> AsyncIterator[tuple[Store, Worker
         await store.close()
 
 
-async def test_jobs_submitted_after_a_partial_claim_are_picked_up_without_the_poll_floor(
+async def test_jobs_submitted_one_at_a_time_are_picked_up_without_the_poll_floor(
     database_url: str, running_worker: tuple[Store, Worker]
 ) -> None:
-    """Every claim here finds fewer jobs than the worker's free slots, so the worker goes back to waiting for a
-    wake-up after each; a job that arrives while a claim or a handler is in flight must still wake it."""
+    """Every claim here finds fewer jobs than the worker's free slots; a job that arrives while a claim or a
+    handler is in flight must still wake the worker (a lost wake-up would leave it to the 60 s poll floor)."""
     store, _ = running_worker
     async with connect("tenure.examples:app", database_url) as client:
         long = await client.submit("sleep", {"seconds": 30, "every": 30})

@@ -472,11 +472,11 @@ class Worker:
             if together:
                 self._launch(pairs, claimed=False)
                 await self.faults.hit("after_start", {c.agent for c in claims})
-                if len(claims) < free:
-                    # Fewer than asked: nothing else was claimable when this claim ran. A job committed since
-                    # then has woken (or will wake) wait_for_jobs, so wait for that rather than spend a round
-                    # trip (and the CPU the jobs just started need) on a claim that finds nothing.
-                    await self._wait_any(self.store.wait_for_jobs(cfg.poll_s), cfg.poll_s)
+                # Let the handlers just spawned take their first step before the next claim is sent: they
+                # start now, not after another round trip has been prepared and written. (The next claim may
+                # not wait for a wake-up instead: a claim returns fewer jobs than asked whenever a concurrent
+                # claim held or had just updated some of its candidates, with more still queued.)
+                await asyncio.sleep(0)
                 continue
             for c in claims:
                 self._claimed[c.fence.job_id] = c
