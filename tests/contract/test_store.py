@@ -168,6 +168,33 @@ async def test_claim_and_start_runs_each_claimable_job_once_in_one_step(store: S
     assert [s.fence for s in await store.start(W2, [Start(other.fence, new_id())])] == [other.fence]
 
 
+async def test_finish_and_claim_is_the_finish_cas_then_claim_and_start(store: Store) -> None:
+    """Each half keeps its own conditions: a stale finish matches nothing and the claim still happens; a finish
+    that matches is written with its event and record whatever the claim finds (here: nothing at first)."""
+    await submit(store)
+    [(claim, started)] = await store.claim_and_start(W1, ["echo"], [], 1, TTL)
+    f = claim.fence
+    stale = finish(Fence(f.job_id, f.epoch, f.token + 1), started.execution_id)
+    assert await store.finish_and_claim(W1, [stale], ["echo"], [], 5, TTL) == ([], [])
+    nxt = await submit(store)
+    done, pairs = await store.finish_and_claim(
+        W1, [finish(f, started.execution_id, result={"n": 1})], ["echo"], [], 5, TTL
+    )
+    assert done == [f.job_id] and [c.fence.job_id for c, _ in pairs] == [nxt]
+    job = await store.get_job(f.job_id)
+    assert job is not None and job.state is JobState.SUCCEEDED and job.result == {"n": 1}
+    assert [e.type for e in await store.read_events(f.job_id, None, 10)] == ["execution.started", "job.succeeded"]
+    (record,) = await store.list_executions(f.job_id)
+    assert record.outcome == "succeeded"
+    (c2, s2) = pairs[0]
+    running = await store.get_job(nxt)
+    assert running is not None and running.state is JobState.RUNNING and running.execution_id == s2.execution_id
+    assert [e.type for e in await store.read_events(nxt, None, 10)] == ["execution.started"]
+    # No finishes: the plain claim; no free slot: the plain finish.
+    assert await store.finish_and_claim(W1, [], ["echo"], [], 5, TTL) == ([], [])
+    assert await store.finish_and_claim(W1, [finish(c2.fence, s2.execution_id)], ["echo"], [], 0, TTL) == ([nxt], [])
+
+
 async def test_claim_skips_jobs_past_their_deadline(store: Store) -> None:
     await submit(store, deadline_s=0.05)
     await asyncio.sleep(0.15)

@@ -5,7 +5,8 @@ that path may not give up on the way.
   returns only once the flush covers it; claim_and_start returns only once its own commit is flushed.
 - The worker picks up jobs submitted one at a time, while a claim or a handler is in flight, without waiting
   for the poll floor.
-- The worker's writer lingers (for finishes to share a commit) only while other jobs are running."""
+- The worker's writer lingers (for finishes to share a commit) only while other jobs are running; on SQLite
+  the next claim takes pending finishes into its own transaction instead (one commit for both)."""
 
 from __future__ import annotations
 
@@ -136,7 +137,12 @@ async def test_the_writer_lingers_only_while_other_jobs_run(database_url: str) -
             began = time.monotonic()
             beside = await client.wait(await client.submit("echo", {"alone": False}), timeout_s=30)
             assert beside.state is JobState.SUCCEEDED
-            assert time.monotonic() - began >= linger, "a finish beside a running job lingers for company"
+            if store.claim_carries_finishes:
+                # SQLite: the slot it freed wakes the claim loop, which takes the finish into its own transaction
+                # at once instead of leaving it to the lingering writer.
+                assert time.monotonic() - began < linger, "the next claim carried the finish"
+            else:
+                assert time.monotonic() - began >= linger, "a finish beside a running job lingers for company"
             await store.cancel(long)
             await client.wait(long, timeout_s=20)
     finally:

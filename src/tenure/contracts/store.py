@@ -45,6 +45,9 @@ class Store(Protocol):
     """The durable store of jobs (SQLite or PostgreSQL). All times come from the database server's clock."""
 
     dialect: str
+    # True when `finish_and_claim` writes both in one commit (SQLite: one write transaction instead of two, on a
+    # store whose cost is commits and writer turns); the worker then hands its pending finishes to its next claim.
+    claim_carries_finishes: bool
 
     # -- lifecycle ---------------------------------------------------------------------------------------
     async def migrate(self) -> int:
@@ -96,6 +99,14 @@ class Store(Protocol):
         one durable commit): the same two conditional updates as `claim` followed by `start`, each with all
         its conditions, under a new execution id per job; appends `execution.started`. Returns each claim
         with its start. No claimed-but-unstarted state is left behind to release or recover."""
+        ...
+
+    async def finish_and_claim(
+        self, worker_id: str, finishes: Sequence[Finish], agents: Sequence[str], capabilities: Sequence[str],
+        limit: int, ttl_s: float,
+    ) -> tuple[list[str], list[tuple[Claim, Started]]]:
+        """`finish`, then `claim_and_start`, each unchanged; where `claim_carries_finishes`, in one transaction
+        and one durable commit. Returns the job ids whose finish matched, and the claims with their starts."""
         ...
 
     async def start(self, worker_id: str, starts: Sequence[Start]) -> list[Started]:

@@ -22,7 +22,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -129,6 +129,7 @@ class _Writer:
         self._events: list[NewEvent] = []
         self._flushes: list[asyncio.Future[None]] = []
         self._finishes: list[tuple[Finish, asyncio.Future[bool]]] = []
+        self._events_in_flight = False  # an append_events round trip is out: no finish may overtake it
         self._wake = asyncio.Event()
         self._closing = False
 
@@ -150,6 +151,27 @@ class _Writer:
 
     def idle(self) -> bool:
         return not (self._events or self._flushes or self._finishes)
+
+    def take_finishes(self) -> list[tuple[Finish, asyncio.Future[bool]]]:
+        """Hand the pending finishes to a caller that writes them in its own transaction (the claim loop, on a
+        store where that saves a commit) and then calls `settle` or `give_back`. Nothing is handed over while
+        events are pending or being written: a job's events are written before its finish."""
+        if self._events or self._events_in_flight or self._flushes or self._closing or not self._finishes:
+            return []
+        taken, self._finishes = self._finishes, []
+        return taken
+
+    @staticmethod
+    def settle(taken: list[tuple[Finish, asyncio.Future[bool]]], done: Iterable[str]) -> None:
+        matched = set(done)
+        for f, fut in taken:
+            if not fut.done():
+                fut.set_result(f.fence.job_id in matched)
+
+    def give_back(self, taken: list[tuple[Finish, asyncio.Future[bool]]]) -> None:
+        """The caller's transaction did not commit: the writer writes these itself (a finish is idempotent)."""
+        self._finishes[:0] = taken
+        self._wake.set()
 
     async def run(self) -> None:
         retry_delay = 0.05
@@ -173,16 +195,17 @@ class _Writer:
             self._events, self._flushes, self._finishes = [], [], []
             try:
                 if events:
-                    for job_id in await self._store.append_events(events):
-                        self._on_rejected(job_id)
+                    self._events_in_flight = True
+                    try:
+                        for job_id in await self._store.append_events(events):
+                            self._on_rejected(job_id)
+                    finally:
+                        self._events_in_flight = False
                 for flushed in flushes:
                     if not flushed.done():
                         flushed.set_result(None)
                 if finishes:
-                    done = set(await self._store.finish(self._worker_id, [f for f, _ in finishes]))
-                    for f, fut in finishes:
-                        if not fut.done():
-                            fut.set_result(f.fence.job_id in done)
+                    self.settle(finishes, await self._store.finish(self._worker_id, [f for f, _ in finishes]))
                 retry_delay = 0.05
             except StoreUnavailable as exc:
                 # Keep everything and try again: appends are idempotent (ON CONFLICT DO NOTHING), and a finish
@@ -452,9 +475,7 @@ class Worker:
             together = not self._quota_agents and not self.faults.armed("after_claim")
             try:
                 if together:
-                    pairs = await self.store.claim_and_start(
-                        self.id, self.agents, cfg.capabilities, free, cfg.claim_ttl_s
-                    )
+                    pairs = await self._claim_and_start(free)
                     claims = [c for c, _ in pairs]
                 else:
                     claims = await self._claim(free)
@@ -485,6 +506,23 @@ class Worker:
                 return  # draining: these claims stay unstarted and are released by _drain
             await self._start(claims)
             await self._settle_worker_slots()
+
+    async def _claim_and_start(self, free: int) -> list[tuple[Claim, Started]]:
+        """Claim and start up to `free` jobs. Where the store writes finishes and a claim in one commit, the
+        finishes waiting in the writer go along (their futures are settled here)."""
+        cfg = self.config
+        taken = self._writer.take_finishes() if self.store.claim_carries_finishes else []
+        if not taken:
+            return await self.store.claim_and_start(self.id, self.agents, cfg.capabilities, free, cfg.claim_ttl_s)
+        try:
+            done, pairs = await self.store.finish_and_claim(
+                self.id, [f for f, _ in taken], self.agents, cfg.capabilities, free, cfg.claim_ttl_s
+            )
+        except BaseException:
+            self._writer.give_back(taken)
+            raise
+        self._writer.settle(taken, done)
+        return pairs
 
     async def _claim_loop_indexed(self) -> None:
         """The claim loop with a ready index (seed 003's rule): reserve capacity first, then read at most that

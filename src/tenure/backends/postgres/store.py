@@ -146,6 +146,7 @@ class PostgresStore(_lease_ops.PoolLeases):
     """The Tenure store on PostgreSQL. Create with `await PostgresStore.connect(url)`."""
 
     dialect = "postgres"
+    claim_carries_finishes = False  # the finish runs on the pool and the claim on its own connection
 
     def __init__(
         self, url: str, pool: asyncpg.Pool, claim_conn: asyncpg.Connection, claim_start: bool = False,
@@ -397,6 +398,13 @@ class PostgresStore(_lease_ops.PoolLeases):
             out.append((claim, Started(fence, r[11], r[12], r[4])))
         self._publish_events(r[0] for r in rows)
         return out
+
+    async def finish_and_claim(
+        self, worker_id: str, finishes: Sequence[Finish], agents: Sequence[str], capabilities: Sequence[str],
+        limit: int, ttl_s: float,
+    ) -> tuple[list[str], list[tuple[Claim, Started]]]:
+        done = await self.finish(worker_id, finishes)
+        return done, await self.claim_and_start(worker_id, agents, capabilities, limit, ttl_s)
 
     async def start(self, worker_id: str, starts: Sequence[Start]) -> list[Started]:
         if not starts:

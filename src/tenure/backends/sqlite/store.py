@@ -159,6 +159,7 @@ class SqliteStore:
     """The Tenure store on one SQLite file. Create with `await SqliteStore.connect(url)`."""
 
     dialect = "sqlite"
+    claim_carries_finishes = True
 
     def __init__(self, path: str, synchronous: str = "FULL", signals: ChannelSignals | None = None) -> None:
         self._path = path
@@ -400,17 +401,6 @@ class SqliteStore:
     ) -> list[tuple[Claim, Started]]:
         if limit <= 0:
             return []
-        token = new_token()
-        args = (worker_id, json.dumps(list(agents)), json.dumps(list(capabilities)), limit, ttl_s, token)
-
-        def tx(db: sqlite3.Connection) -> list[tuple[Claim, Started]]:
-            claims = [
-                Claim(Fence(r[0], r[1], token), r[2], r[3], r[4], r[5], r[6], bool(r[7]), r[8], r[9], r[10])
-                for r in db.execute(Q["claim_jobs"], args).fetchall()
-            ]
-            by_job = {c.fence.job_id: c for c in claims}
-            started = _start_in(db, worker_id, [Start(c.fence, new_id()) for c in claims])
-            return [(by_job[s.fence.job_id], s) for s in started]
 
         def fn() -> list[tuple[Claim, Started]]:
             db = self._db
@@ -418,12 +408,29 @@ class SqliteStore:
             # Probe without the write lock first, as `claim` does.
             if db.execute(Q["has_claimable"]).fetchone() is None:
                 return []
-            return self._tx(tx)
+            return self._tx(lambda db: _claim_and_start_in(db, worker_id, agents, capabilities, limit, ttl_s))
 
         out = await self._run(fn, "claim_and_start")
         if out:
             self._events_changed(s.fence.job_id for _, s in out)
         return out
+
+    async def finish_and_claim(
+        self, worker_id: str, finishes: Sequence[Finish], agents: Sequence[str], capabilities: Sequence[str],
+        limit: int, ttl_s: float,
+    ) -> tuple[list[str], list[tuple[Claim, Started]]]:
+        if not finishes:
+            return [], await self.claim_and_start(worker_id, agents, capabilities, limit, ttl_s)
+        if limit <= 0:
+            return await self.finish(worker_id, finishes), []
+
+        def tx(db: sqlite3.Connection) -> tuple[list[str], list[tuple[Claim, Started]]]:
+            done = _finish_in(db, worker_id, finishes)
+            return done, _claim_and_start_in(db, worker_id, agents, capabilities, limit, ttl_s)
+
+        done, pairs = await self._run(lambda: self._tx(tx), "finish_and_claim")
+        self._events_changed([*done, *(s.fence.job_id for _, s in pairs)])
+        return done, pairs
 
     async def start(self, worker_id: str, starts: Sequence[Start]) -> list[Started]:
         if not starts:
@@ -435,40 +442,7 @@ class SqliteStore:
     async def finish(self, worker_id: str, finishes: Sequence[Finish]) -> list[str]:
         if not finishes:
             return []
-
-        def fn(db: sqlite3.Connection) -> list[str]:
-            done = []
-            for x in finishes:
-                f = x.fence
-                row = db.execute(
-                    Q["finish_execution"],
-                    (f.job_id, x.execution_id, f.epoch, f.token, x.state.value, x.result_json, x.error_code,
-                     x.error_message, x.retry_delay_s),
-                ).fetchone()
-                if row is None:
-                    continue
-                retry = x.state is JobState.SCHEDULED
-                payload = json.dumps({
-                    "state": x.state.value,
-                    "result": None if x.result_json is None else json.loads(x.result_json),
-                    "error_code": x.error_code, "error": x.error_message, "next_attempt_at": row[0],
-                })
-                db.execute(
-                    Q["insert_event"],
-                    (f.job_id, f.epoch, x.seq, x.execution_id,
-                     "execution.retrying" if retry else f"job.{x.state.value}", payload),
-                )
-                db.execute(
-                    Q["insert_execution"],
-                    (x.execution_id, f.job_id, f.epoch, worker_id, x.started_at,
-                     "failed" if retry else x.state.value, x.usage_json),
-                )
-                if x.error_code == "timeout":  # the agent's circuit breaker counts timeouts
-                    db.execute(Q["circuit_record_job_timeout"], (f.job_id,))
-                done.append(f.job_id)
-            return done
-
-        done = await self._run(lambda: self._tx(fn), "finish")
+        done = await self._run(lambda: self._tx(lambda db: _finish_in(db, worker_id, finishes)), "finish")
         self._events_changed(done)
         return done
 
@@ -953,6 +927,57 @@ def _split_sql(script: str) -> list[str]:
     """Split a migration file into statements (our migrations never put ';' inside a literal)."""
     body = "\n".join(line for line in script.splitlines() if not line.lstrip().startswith("--"))
     return [s.strip() for s in body.split(";") if s.strip()]
+
+
+def _finish_in(db: sqlite3.Connection, worker_id: str, finishes: Sequence[Finish]) -> list[str]:
+    """The finish CAS of each execution, inside the caller's write transaction; appends the finishing event and
+    the execution record. Returns the job ids whose finish matched."""
+    done = []
+    for x in finishes:
+        f = x.fence
+        row = db.execute(
+            Q["finish_execution"],
+            (f.job_id, x.execution_id, f.epoch, f.token, x.state.value, x.result_json, x.error_code,
+             x.error_message, x.retry_delay_s),
+        ).fetchone()
+        if row is None:
+            continue
+        retry = x.state is JobState.SCHEDULED
+        payload = json.dumps({
+            "state": x.state.value,
+            "result": None if x.result_json is None else json.loads(x.result_json),
+            "error_code": x.error_code, "error": x.error_message, "next_attempt_at": row[0],
+        })
+        db.execute(
+            Q["insert_event"],
+            (f.job_id, f.epoch, x.seq, x.execution_id,
+             "execution.retrying" if retry else f"job.{x.state.value}", payload),
+        )
+        db.execute(
+            Q["insert_execution"],
+            (x.execution_id, f.job_id, f.epoch, worker_id, x.started_at,
+             "failed" if retry else x.state.value, x.usage_json),
+        )
+        if x.error_code == "timeout":  # the agent's circuit breaker counts timeouts
+            db.execute(Q["circuit_record_job_timeout"], (f.job_id,))
+        done.append(f.job_id)
+    return done
+
+
+def _claim_and_start_in(
+    db: sqlite3.Connection, worker_id: str, agents: Sequence[str], capabilities: Sequence[str], limit: int,
+    ttl_s: float,
+) -> list[tuple[Claim, Started]]:
+    """The claim CAS and then the start CAS of each job it claimed, inside the caller's write transaction."""
+    token = new_token()
+    args = (worker_id, json.dumps(list(agents)), json.dumps(list(capabilities)), limit, ttl_s, token)
+    claims = [
+        Claim(Fence(r[0], r[1], token), r[2], r[3], r[4], r[5], r[6], bool(r[7]), r[8], r[9], r[10])
+        for r in db.execute(Q["claim_jobs"], args).fetchall()
+    ]
+    by_job = {c.fence.job_id: c for c in claims}
+    started = _start_in(db, worker_id, [Start(c.fence, new_id()) for c in claims])
+    return [(by_job[s.fence.job_id], s) for s in started]
 
 
 def _start_in(db: sqlite3.Connection, worker_id: str, starts: Sequence[Start]) -> list[Started]:
