@@ -4,19 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import selectors
-import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-import tenure.mock_model
+from tests.integration.mockmodel import start_mock_model, stop_process
 
 MAX_CONCURRENCY = 2
 LATENCY_S = 0.1
@@ -25,40 +20,12 @@ TOKENS = 16  # the server's default reply length
 
 @pytest.fixture(scope="module")
 def mock_url() -> Iterator[str]:
-    """Start `python -m tenure.mock_model` on a free port; yield its base URL; stop it afterwards."""
-    src = Path(tenure.mock_model.__file__).resolve().parents[1]
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(src), env.get("PYTHONPATH")) if p)
-    command = [
-        sys.executable,
-        "-m",
-        "tenure.mock_model",
-        "--port",
-        "0",
-        "--max-concurrency",
-        str(MAX_CONCURRENCY),
-        "--latency-ms",
-        str(LATENCY_S * 1000),
-    ]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, env=env, text=True)
-    assert process.stdout is not None
+    """`python -m tenure.mock_model` on a free port (tests/integration/mockmodel.py); yield its base URL."""
+    process, url = start_mock_model(MAX_CONCURRENCY, LATENCY_S * 1000, TOKENS)
     try:
-        # Port 0: the server binds a free port and prints its URL once the socket listens.
-        with selectors.DefaultSelector() as selector:
-            selector.register(process.stdout, selectors.EVENT_READ)
-            if not selector.select(timeout=30):
-                pytest.fail("the mock model did not start within 30 s")
-        line = process.stdout.readline()
-        assert line.startswith("mock model listening on http://"), line
-        yield line.rsplit(" ", 1)[1].strip()
+        yield url.removesuffix("/v1")
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        process.stdout.close()
+        stop_process(process)
 
 
 @pytest.fixture

@@ -246,6 +246,28 @@ async def test_fail_open_lets_the_call_through_unleased_and_counts_it() -> None:
         await dead.inner.close()
 
 
+async def a_release_wakes_the_waiter_in_the_other_process(
+    qs: list[QuotaManager], leases: Sequence[Leases], subscribed: Callable[[], Awaitable[None]]
+) -> None:
+    """Two managers (two processes) share quota "k" of 1. The first holds it; once both listen (`subscribed`) the
+    second waits for it, and gets it when the first releases — by the hand-over's message, not by polling. Each
+    manager's run() announces its releases."""
+    async with asyncio.TaskGroup() as tg:
+        listeners = [tg.create_task(q.run()) for q in qs]
+        holder = qs[0].for_execution("a").quota("k")
+        await holder.__aenter__()
+        await subscribed()
+        waiter = tg.create_task(qs[1].for_execution("b").quota("k").__aenter__())
+        while not await leases[0].holders("k#wait"):
+            await asyncio.sleep(0.005)
+        await holder.__aexit__(None, None, None)
+        async with asyncio.timeout(5):  # far below the 30 s polling floor
+            block = await waiter
+        await block.__aexit__(None, None, None)
+        for listener in listeners:
+            listener.cancel()
+
+
 @pytest.mark.parametrize("announced_by", ["manager", "lease script"])
 async def test_waiters_in_other_processes_are_woken_by_a_message_not_by_polling(
     namespace: str, announced_by: str
@@ -261,29 +283,18 @@ async def test_waiters_in_other_processes_are_woken_by_a_message_not_by_polling(
         QuotaManager(lease, specs, ttl_s=TTL, channel=c, poll_s=30.0, leases_announce=in_script)
         for lease, c in zip(leases, channels, strict=True)
     ]
+
+    async def subscribed() -> None:
+        raw = redis.asyncio.Redis.from_url(REDIS_URL, driver_info=DriverInfo(lib_version=redis.__version__))
+        try:
+            topic = f"tenure-test:{namespace}:chan:quota:k"
+            while (await raw.pubsub_numsub(topic))[0][1] < 2:  # both listeners have subscribed
+                await asyncio.sleep(0.01)
+        finally:
+            await raw.aclose()
+
     try:
-        async with asyncio.TaskGroup() as tg:
-            listeners = [tg.create_task(q.run()) for q in qs]  # run() also publishes the releases
-            holder = qs[0].for_execution("a").quota("k")
-            await holder.__aenter__()
-            raw = redis.asyncio.Redis.from_url(
-                REDIS_URL, driver_info=DriverInfo(lib_version=redis.__version__)
-            )
-            try:
-                topic = f"tenure-test:{namespace}:chan:quota:k"
-                while (await raw.pubsub_numsub(topic))[0][1] < 2:  # both listeners have subscribed
-                    await asyncio.sleep(0.01)
-            finally:
-                await raw.aclose()
-            waiter = tg.create_task(qs[1].for_execution("b").quota("k").__aenter__())
-            while not await leases[0].holders("k#wait"):
-                await asyncio.sleep(0.005)
-            await holder.__aexit__(None, None, None)
-            async with asyncio.timeout(5):  # far below the 30 s polling floor
-                block = await waiter
-            await block.__aexit__(None, None, None)
-            for listener in listeners:
-                listener.cancel()
+        await a_release_wakes_the_waiter_in_the_other_process(qs, leases, subscribed)
     finally:
         for x in (*leases, *channels):
             await x.close()
@@ -360,23 +371,14 @@ async def test_without_redis_waiters_in_other_processes_are_woken_by_a_notify_no
     specs = {"k": QuotaSpec("k", 1)}
     qs = [QuotaManager(lease, specs, ttl_s=TTL, channel=c, poll_s=30.0) for lease, c in zip(leases, channels, strict=True)]
     admin = await asyncpg.connect(PG_BASE)
+
+    async def subscribed() -> None:
+        listen = f'LISTEN "{channels[0].name(quota_topic("k"))}"'
+        while await admin.fetchval("SELECT count(*) FROM pg_stat_activity WHERE query = $1", listen) < 2:
+            await asyncio.sleep(0.01)
+
     try:
-        async with asyncio.TaskGroup() as tg:
-            listeners = [tg.create_task(q.run()) for q in qs]  # run() also announces the hand-overs
-            holder = qs[0].for_execution("a").quota("k")
-            await holder.__aenter__()
-            listen = f'LISTEN "{channels[0].name(quota_topic("k"))}"'
-            while await admin.fetchval("SELECT count(*) FROM pg_stat_activity WHERE query = $1", listen) < 2:
-                await asyncio.sleep(0.01)
-            waiter = tg.create_task(qs[1].for_execution("b").quota("k").__aenter__())
-            while not await leases[0].holders("k#wait"):
-                await asyncio.sleep(0.005)
-            await holder.__aexit__(None, None, None)
-            async with asyncio.timeout(5):  # far below the 30 s polling floor
-                block = await waiter
-            await block.__aexit__(None, None, None)
-            for listener in listeners:
-                listener.cancel()
+        await a_release_wakes_the_waiter_in_the_other_process(qs, leases, subscribed)
     finally:
         await admin.close()
         for x in (*leases, *channels):
