@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import tenure
+from tenure.backends.sqlite import database_files
 from tenure.settings import Settings
 
 HERE = Path(__file__).resolve().parent
@@ -90,9 +91,9 @@ class Target:
 
     async def reset(self) -> None:
         if self.is_sqlite:
-            for suffix in ("", "-wal", "-shm", "-journal"):
+            for path in database_files(self.path):
                 with contextlib.suppress(FileNotFoundError):
-                    os.unlink(self.path + suffix)
+                    os.unlink(path)
             return
         import asyncpg
 

@@ -45,7 +45,7 @@ from redis.driver_info import DriverInfo
 import tenure
 from tenure.backends.postgres import PostgresLeases, PostgresStore
 from tenure.backends.redis import RedisLeases
-from tenure.backends.sqlite import SqliteStore
+from tenure.backends.sqlite import SqliteStore, database_files
 from tenure.contracts.store import Leases
 
 HERE = Path(__file__).resolve().parent
@@ -262,8 +262,8 @@ async def bench_leases(seconds: float) -> dict[str, Any]:
                 row["sqlite_pairs_per_s"] = await _pairs(sl, clients, seconds, "k")
             finally:
                 await sl.close()
-                for suffix in ("", "-wal", "-shm"):
-                    Path(path + suffix).unlink(missing_ok=True)
+                for file in database_files(path):
+                    Path(file).unlink(missing_ok=True)
         row["load_average_1m_after"] = os.getloadavg()[0]
         bare = row["redis_bare_evalsha_per_s"]
         # A pair is two round trips: per round trip, 2 × pairs/s against bare round trips/s; pair for pair,

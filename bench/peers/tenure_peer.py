@@ -171,9 +171,11 @@ class SqliteDriver(Driver):
         return {"TENURE_SQLITE_SYNCHRONOUS": self.synchronous}
 
     def reset(self) -> None:
-        for suffix in ("", "-wal", "-shm", "-journal"):
+        from tenure.backends.sqlite import database_files
+
+        for path in database_files(SQLITE_PATH):
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(f"{SQLITE_PATH}{suffix}")
+                os.unlink(path)
 
     def backend_versions(self) -> dict[str, str]:
         import sqlite3

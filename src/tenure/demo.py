@@ -358,12 +358,12 @@ class Demo:
         parked = await self.find_parked(shorts)
         rounds = 0
         while parked is None and rounds < EXTRA_ROUNDS:
-            # W2, awake from its last job, polls faster than the long-idle W3 and can take a whole batch of
-            # echo jobs before W3 looks. Two more jobs settle it: whichever worker takes the first, a
-            # BUSY_S-second sleep, is busy (or parked) while the other must take the echo.
+            # The doorbell wakes W2 and W3 together; W2, warm from its last job, can win every claim of a batch
+            # of echo jobs that each take a millisecond. Two more jobs settle it: whichever worker takes the
+            # first, a BUSY_S-second sleep, is busy (or parked) while the other must take the echo.
             rounds += 1
             n = len(shorts)
-            self.log(f"W3 won no claim of the batch (W2, already awake, was quicker each time); offering "
+            self.log(f"W3 won no claim of the batch (W2 was quicker each time); offering "
                      f"short-{n + 1} (sleep {BUSY_S:g} s) and short-{n + 2} (echo)")
             more = await self.submit_batch(
                 [f"short-{n + 1}", f"short-{n + 2}"],

@@ -38,7 +38,7 @@ from redis.exceptions import RedisError
 import tenure.backends.redis
 from tenure.backends.postgres import PostgresLeases, PostgresStore
 from tenure.backends.redis import RedisLeases
-from tenure.backends.sqlite import SqliteStore
+from tenure.backends.sqlite import SqliteStore, database_files
 from tenure.contracts.errors import LeasesUnavailable
 from tenure.contracts.store import LeaseRef, Leases, line_key, new_ticket
 
@@ -105,9 +105,9 @@ async def open_sqlite(namespace: str, *, drop: bool = True) -> AsyncIterator[Lea
     finally:
         await store.close()
         if drop:
-            for suffix in ("", "-wal", "-shm"):
+            for path in database_files(f"{_SQLITE_DIR}/tenure-test-leases-{namespace}.db"):
                 with contextlib.suppress(FileNotFoundError):
-                    os.unlink(f"{_SQLITE_DIR}/tenure-test-leases-{namespace}.db{suffix}")
+                    os.unlink(path)
 
 
 @asynccontextmanager

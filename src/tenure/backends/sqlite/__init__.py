@@ -1,5 +1,5 @@
 """The SQLite store: the embedded default, safe for several processes on one machine (WAL)."""
 
-from tenure.backends.sqlite.store import SqliteStore
+from tenure.backends.sqlite.store import SqliteStore, database_files
 
-__all__ = ["SqliteStore"]
+__all__ = ["SqliteStore", "database_files"]

@@ -15,7 +15,9 @@ The sidecar lock only orders writers: SQLite's own lock still guards every write
 never correctness. `busy_timeout` stays for writers that do not take it.
 
 Wake-up is adaptive polling: a waiting worker checks `PRAGMA data_version` (which changes when another
-connection commits) every few milliseconds after activity, backing off while idle.
+connection commits) every few milliseconds after activity, backing off while idle. On Linux, doorbells
+(`doorbell.py`) wake it at once: after a commit that made jobs claimable or sent a command, the store touches a
+file next to the database that the waiters of every process watch with inotify. The poll stays as the floor.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ except ImportError:  # not on POSIX: SQLite's busy handler alone orders the writ
 
 from tenure.backends._queries import load_migrations, load_queries
 from tenure.backends.signals import ChannelSignals
+from tenure.backends.sqlite.doorbell import Bell, Watch, bell_path
 from tenure.contracts.channel import Channel
 from tenure.contracts.errors import (
     ConfigError,
@@ -92,6 +95,7 @@ _CONTROL_POLL_S = 0.1
 # The gateway's event hub polls faster than workers do: its wake-up is a stream's latency, and a PRAGMA
 # data_version on the connection thread costs microseconds.
 _EVENTS_POLL_MAX_S = 0.005
+_BELLS = ("jobs", "control")  # jobs: a job became claimable; control: a command or cancel was sent
 
 
 def sqlite_path(url: str) -> str:
@@ -102,6 +106,14 @@ def sqlite_path(url: str) -> str:
     if not path:
         raise ConfigError("the SQLite URL names no file")
     return path
+
+
+def database_files(path: str) -> list[str]:
+    """Every file of a Tenure SQLite database, to delete it whole once no process has it open: the database,
+    SQLite's own side files, the writers' sidecar lock and the doorbells."""
+    return [path + suffix for suffix in ("", "-wal", "-shm", "-journal", "-tenure-lock")] + [
+        bell_path(path, name) for name in _BELLS
+    ]
 
 
 def _job(r: sqlite3.Row | tuple[Any, ...]) -> Job:
@@ -178,6 +190,10 @@ class SqliteStore:
         self._events_local = asyncio.Event()
         self._control_seen_version = -1
         self._control_local = asyncio.Event()
+        # Doorbells (see doorbell.py): rung after commits that waiters elsewhere act on, watched while waiting.
+        self._bells: dict[str, Bell] = {}
+        self._watch: Watch | None = None
+        self._watched: set[str] = set()
 
     @classmethod
     async def connect(cls, url: str, synchronous: str = "FULL", channel: Channel | None = None) -> SqliteStore:
@@ -197,6 +213,11 @@ class SqliteStore:
         db.execute(f"PRAGMA busy_timeout = {int(_BUSY_TIMEOUT_S * 1000)}")
         if fcntl is not None:
             self._turn = _WriterTurn(self._path + "-tenure-lock")
+        for name in _BELLS:
+            try:
+                self._bells[name] = Bell(bell_path(self._path, name))
+            except OSError as exc:  # e.g. a read-only directory: the other processes' waiters poll
+                log.debug("no %s doorbell for %s: %s", name, self._path, exc)
         self._db = db
 
     async def _run(self, fn: Callable[[], T], what: str = "query") -> T:
@@ -263,7 +284,12 @@ class SqliteStore:
             if self._turn is not None:
                 self._turn.close()
                 self._turn = None
+            for bell in self._bells.values():
+                bell.close()
 
+        if self._watch is not None:
+            self._watch.close()
+            self._watch = None
         await asyncio.get_running_loop().run_in_executor(self._executor, _close)
         self._closed = True
         self._executor.shutdown(wait=False)
@@ -343,7 +369,7 @@ class SqliteStore:
             return out
 
         out = await self._run(lambda: self._tx(fn), "enqueue")
-        self._wake.set()  # workers of this process need not wait for their next poll
+        self._jobs_changed()
         return out
 
     async def get_job(self, job_id: str, tenant: str | None = None) -> Job | None:
@@ -370,7 +396,7 @@ class SqliteStore:
             return _job(job)
 
         job = await self._run(lambda: self._tx(fn), "requeue")
-        self._wake.set()
+        self._jobs_changed()
         self._events_changed([job_id])
         return job
 
@@ -480,7 +506,7 @@ class SqliteStore:
             ]
 
         out = await self._run(lambda: self._tx(fn), "release_claims")
-        self._wake.set()
+        self._jobs_changed()
         return out
 
     async def heartbeat(
@@ -587,7 +613,7 @@ class SqliteStore:
         report = await self._run(lambda: self._tx(fn), "sweep")
         self._events_changed(report.lost + report.requeued + report.dead + report.expired)
         if report.released or report.requeued or report.due:
-            self._wake.set()
+            self._jobs_changed()
         return report
 
     # -- metrics -----------------------------------------------------------------------------------------------------
@@ -596,12 +622,34 @@ class SqliteStore:
         return JobCounts.from_rows(rows)
 
     # -- wake-up ----------------------------------------------------------------------------------------------------
+    def _jobs_changed(self) -> None:
+        """After a commit that made jobs claimable: this process's workers stop waiting at once, and the other
+        processes' workers through the doorbell."""
+        self._wake.set()
+        self._ring("jobs")
+
+    def _ring(self, name: str) -> None:
+        bell = self._bells.get(name)
+        if bell is not None:
+            bell.ring()
+
+    def _watch_bell(self, name: str, event: asyncio.Event) -> None:
+        """Let the `name` doorbell set `event` (once per store; nothing where inotify is missing)."""
+        if name in self._watched:
+            return
+        self._watched.add(name)
+        if self._watch is None:
+            self._watch = Watch.open()
+        if self._watch is not None:
+            self._watch.add(bell_path(self._path, name), event)
+
     def _data_version(self) -> int:
         db = self._db
         assert db is not None
         return int(db.execute("PRAGMA data_version").fetchone()[0])
 
     async def wait_for_jobs(self, timeout_s: float) -> None:
+        self._watch_bell("jobs", self._wake)
         deadline = time.monotonic() + timeout_s
         interval = _POLL_MIN_S
         while True:
@@ -721,12 +769,15 @@ class SqliteStore:
             self._signals.control_sent(job_ids)
         else:
             self._control_local.set()
+            self._ring("control")
 
     async def wait_for_control(self, timeout_s: float) -> frozenset[str] | None:
         if self._signals is not None:
             return await self._signals.wait_for_control(timeout_s)
         # SQLite has no NOTIFY: any commit by another connection may be a command. Polled at most every
-        # _CONTROL_POLL_S, so an owner costs a few cheap reads a second, not one per commit.
+        # _CONTROL_POLL_S, so an owner costs a few cheap reads a second, not one per commit; the control doorbell
+        # wakes it at once when a command is sent.
+        self._watch_bell("control", self._control_local)
         deadline = time.monotonic() + timeout_s
         while True:
             if self._control_local.is_set():

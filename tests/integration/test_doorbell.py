@@ -1,0 +1,94 @@
+"""SQLite's doorbells (backends/sqlite/doorbell.py): a commit in one process that makes a job claimable, or
+sends a command, wakes the waiters of other processes at once, not at their next poll.
+
+Each test stretches the poll it is about to 60 s, so only the doorbell can wake the waiter within the test's
+20 s; the other process is a real `tenure` CLI process with its own connection. Without inotify the poll alone
+still finds the job (the doorbell is an accelerator, never the only way)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+
+import pytest
+
+from tenure.app import open_store
+from tenure.backends.sqlite import doorbell
+from tenure.backends.sqlite import store as sqlite_store
+from tenure.contracts.store import Store
+from tenure.settings import Settings
+from tests.conftest import PYTHON, ROOT
+from tests.contract.test_store import submit
+
+POLL_S = 60.0
+WAKE_WITHIN_S = 20.0
+
+
+async def cli(database_url: str, *args: str) -> str:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TENURE_")}
+    env.update(TENURE_DATABASE_URL=database_url, PYTHONPATH=str(ROOT))
+    proc = await asyncio.create_subprocess_exec(
+        PYTHON, "-m", "tenure.cli", *args, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    out, _ = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, out.decode()
+    return out.decode().strip()
+
+
+async def test_a_submit_in_another_process_wakes_a_waiting_worker(
+    sqlite_database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sqlite_store, "_POLL_MIN_S", POLL_S)
+    monkeypatch.setattr(sqlite_store, "_POLL_MAX_S", POLL_S)
+    store = await open_store(Settings(database_url=sqlite_database_url))
+    try:
+        for round_ in range(3):
+            # Takes note of the database's current version: a wait that follows a wake-up may otherwise return at
+            # once for the commit that rang (as a worker's does; it then finds nothing to claim).
+            await store.wait_for_jobs(0)
+            waiting = asyncio.create_task(store.wait_for_jobs(2 * POLL_S))
+            await asyncio.sleep(0.2)
+            assert not waiting.done(), "nothing was submitted yet"
+            await cli(sqlite_database_url, "submit", "echo", "--input", f'{{"round": {round_}}}')
+            await asyncio.wait_for(waiting, WAKE_WITHIN_S)
+            [(claim, _)] = await store.claim_and_start("w", ["echo"], [], 5, 30)
+            assert json.loads(claim.input_json) == {"round": round_}
+    finally:
+        await store.close()
+
+
+async def test_a_cancel_in_another_process_wakes_the_jobs_owner(
+    sqlite_database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sqlite_store, "_CONTROL_POLL_S", POLL_S)
+    store = await open_store(Settings(database_url=sqlite_database_url))
+    try:
+        job_id = await submit(store, "echo", {})
+        [(claim, _)] = await store.claim_and_start("w", ["echo"], [], 1, 30)
+        assert await store.wait_for_control(0) == frozenset()  # takes note of the current version
+        waiting = asyncio.create_task(store.wait_for_control(2 * POLL_S))
+        await asyncio.sleep(0.2)
+        assert not waiting.done(), "no command was sent yet"
+        assert await cli(sqlite_database_url, "cancel", job_id) == "requested"
+        assert await asyncio.wait_for(waiting, WAKE_WITHIN_S) is None  # "check your jobs"
+        cancelled, _ = await store.control_state([claim.fence.job_id])
+        assert cancelled == {job_id}
+    finally:
+        await store.close()
+
+
+async def test_without_inotify_the_poll_still_finds_the_job(
+    sqlite_database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(doorbell, "_LIBC", None)
+    store: Store = await open_store(Settings(database_url=sqlite_database_url))
+    try:
+        await store.wait_for_jobs(0)
+        waiting = asyncio.create_task(store.wait_for_jobs(2 * POLL_S))
+        await cli(sqlite_database_url, "submit", "echo", "--input", "{}")
+        await asyncio.wait_for(waiting, WAKE_WITHIN_S)  # the default poll: at most 25 ms after the commit
+        assert len(await store.claim_and_start("w", ["echo"], [], 5, 30)) == 1
+    finally:
+        await store.close()
