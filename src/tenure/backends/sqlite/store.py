@@ -108,9 +108,10 @@ def sqlite_path(url: str) -> str:
     return path
 
 
-def database_files(path: str) -> list[str]:
+def database_files(path: str | os.PathLike[str]) -> list[str]:
     """Every file of a Tenure SQLite database, to delete it whole once no process has it open: the database,
     SQLite's own side files, the writers' sidecar lock and the doorbells."""
+    path = os.fspath(path)
     return [path + suffix for suffix in ("", "-wal", "-shm", "-journal", "-tenure-lock")] + [
         bell_path(path, name) for name in _BELLS
     ]
