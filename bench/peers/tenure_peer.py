@@ -10,7 +10,8 @@ Drivers:
   * `tenure-pg`: PostgreSQL 15 (stock config, fsync on), schema `pb_tenure` in `peers_bench` (role peers),
     dropped and re-created before every run. Wake-up by LISTEN/NOTIFY.
   * `tenure-sqlite`: one SQLite file in /tmp (WAL, synchronous FULL, Tenure's default), deleted before every
-    run. Wake-up by adaptive polling of `PRAGMA data_version`.
+    run. Wake-up by the jobs doorbell (inotify on `<db>-tenure-jobs`), adaptive polling of
+    `PRAGMA data_version` as the floor.
   * `tenure-sqlite-normal`: the same with `TENURE_SQLITE_SYNCHRONOUS=NORMAL` (a WAL commit is not fsynced;
     the database stays consistent, the last commits may be lost in a power cut). Shown to price durability.
 
@@ -185,7 +186,7 @@ class SqliteDriver(Driver):
     def backend_describe(self) -> dict[str, Any]:
         return {
             "store": f"SQLite file {SQLITE_PATH} (deleted per run), WAL, synchronous={self.synchronous}",
-            "wakeup": "adaptive polling of PRAGMA data_version (2-25 ms)",
+            "wakeup": "doorbell file watched with inotify; adaptive polling of PRAGMA data_version (2-25 ms) as the floor",
         }
 
     def settings(self) -> Settings:
