@@ -11,6 +11,8 @@ import asyncio
 import json
 import os
 import subprocess
+from collections.abc import Awaitable
+from typing import TypeVar
 
 import pytest
 
@@ -21,6 +23,8 @@ from tenure.contracts.store import Store
 from tenure.settings import Settings
 from tests.conftest import PYTHON, ROOT
 from tests.contract.test_store import submit
+
+T = TypeVar("T")
 
 POLL_S = 60.0
 WAKE_WITHIN_S = 20.0
@@ -37,6 +41,15 @@ async def cli(database_url: str, *args: str) -> str:
     return out.decode().strip()
 
 
+async def woken_by(wait: Awaitable[T], other_process: Awaitable[object]) -> T:
+    """Start `wait`, see that it waits, let the other process commit, and return what `wait` returns."""
+    waiting = asyncio.ensure_future(wait)
+    await asyncio.sleep(0.2)
+    assert not waiting.done(), "woken before the other process did anything"
+    await other_process
+    return await asyncio.wait_for(waiting, WAKE_WITHIN_S)
+
+
 async def test_a_submit_in_another_process_wakes_a_waiting_worker(
     sqlite_database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -48,11 +61,8 @@ async def test_a_submit_in_another_process_wakes_a_waiting_worker(
             # Takes note of the database's current version: a wait that follows a wake-up may otherwise return at
             # once for the commit that rang (as a worker's does; it then finds nothing to claim).
             await store.wait_for_jobs(0)
-            waiting = asyncio.create_task(store.wait_for_jobs(2 * POLL_S))
-            await asyncio.sleep(0.2)
-            assert not waiting.done(), "nothing was submitted yet"
-            await cli(sqlite_database_url, "submit", "echo", "--input", f'{{"round": {round_}}}')
-            await asyncio.wait_for(waiting, WAKE_WITHIN_S)
+            submitted = cli(sqlite_database_url, "submit", "echo", "--input", f'{{"round": {round_}}}')
+            await woken_by(store.wait_for_jobs(2 * POLL_S), submitted)
             [(claim, _)] = await store.claim_and_start("w", ["echo"], [], 5, 30)
             assert json.loads(claim.input_json) == {"round": round_}
     finally:
@@ -68,11 +78,8 @@ async def test_a_cancel_in_another_process_wakes_the_jobs_owner(
         job_id = await submit(store, "echo", {})
         [(claim, _)] = await store.claim_and_start("w", ["echo"], [], 1, 30)
         assert await store.wait_for_control(0) == frozenset()  # takes note of the current version
-        waiting = asyncio.create_task(store.wait_for_control(2 * POLL_S))
-        await asyncio.sleep(0.2)
-        assert not waiting.done(), "no command was sent yet"
-        assert await cli(sqlite_database_url, "cancel", job_id) == "requested"
-        assert await asyncio.wait_for(waiting, WAKE_WITHIN_S) is None  # "check your jobs"
+        cancelled_elsewhere = cli(sqlite_database_url, "cancel", job_id)
+        assert await woken_by(store.wait_for_control(2 * POLL_S), cancelled_elsewhere) is None  # "check your jobs"
         cancelled, _ = await store.control_state([claim.fence.job_id])
         assert cancelled == {job_id}
     finally:
@@ -86,9 +93,8 @@ async def test_without_inotify_the_poll_still_finds_the_job(
     store: Store = await open_store(Settings(database_url=sqlite_database_url))
     try:
         await store.wait_for_jobs(0)
-        waiting = asyncio.create_task(store.wait_for_jobs(2 * POLL_S))
-        await cli(sqlite_database_url, "submit", "echo", "--input", "{}")
-        await asyncio.wait_for(waiting, WAKE_WITHIN_S)  # the default poll: at most 25 ms after the commit
+        # Woken by the default poll, at most 25 ms after the commit.
+        await woken_by(store.wait_for_jobs(2 * POLL_S), cli(sqlite_database_url, "submit", "echo", "--input", "{}"))
         assert len(await store.claim_and_start("w", ["echo"], [], 5, 30)) == 1
     finally:
         await store.close()
