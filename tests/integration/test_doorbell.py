@@ -16,15 +16,14 @@ from typing import TypeVar
 
 import pytest
 
-from tenure.app import open_store
 from tenure.backends.sqlite import doorbell
 from tenure.backends.sqlite import store as sqlite_store
 from tenure.contracts.store import Store
-from tenure.settings import Settings
 from tests.conftest import PYTHON, ROOT
 from tests.contract.test_store import submit
 
 T = TypeVar("T")
+pytestmark = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)  # `store` on SQLite only
 
 POLL_S = 60.0
 WAKE_WITHIN_S = 20.0
@@ -51,50 +50,38 @@ async def woken_by(wait: Awaitable[T], other_process: Awaitable[object]) -> T:
 
 
 async def test_a_submit_in_another_process_wakes_a_waiting_worker(
-    sqlite_database_url: str, monkeypatch: pytest.MonkeyPatch
+    store: Store, database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(sqlite_store, "_POLL_MIN_S", POLL_S)
     monkeypatch.setattr(sqlite_store, "_POLL_MAX_S", POLL_S)
-    store = await open_store(Settings(database_url=sqlite_database_url))
-    try:
-        for round_ in range(3):
-            # Takes note of the database's current version: a wait that follows a wake-up may otherwise return at
-            # once for the commit that rang (as a worker's does; it then finds nothing to claim).
-            await store.wait_for_jobs(0)
-            submitted = cli(sqlite_database_url, "submit", "echo", "--input", f'{{"round": {round_}}}')
-            await woken_by(store.wait_for_jobs(2 * POLL_S), submitted)
-            [(claim, _)] = await store.claim_and_start("w", ["echo"], [], 5, 30)
-            assert json.loads(claim.input_json) == {"round": round_}
-    finally:
-        await store.close()
+    for round_ in range(3):
+        # Takes note of the database's current version: a wait that follows a wake-up may otherwise return at
+        # once for the commit that rang (as a worker's does; it then finds nothing to claim).
+        await store.wait_for_jobs(0)
+        submitted = cli(database_url, "submit", "echo", "--input", f'{{"round": {round_}}}')
+        await woken_by(store.wait_for_jobs(2 * POLL_S), submitted)
+        [(claim, _)] = await store.claim_and_start("w", ["echo"], [], 5, 30)
+        assert json.loads(claim.input_json) == {"round": round_}
 
 
 async def test_a_cancel_in_another_process_wakes_the_jobs_owner(
-    sqlite_database_url: str, monkeypatch: pytest.MonkeyPatch
+    store: Store, database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(sqlite_store, "_CONTROL_POLL_S", POLL_S)
-    store = await open_store(Settings(database_url=sqlite_database_url))
-    try:
-        job_id = await submit(store, "echo", {})
-        [(claim, _)] = await store.claim_and_start("w", ["echo"], [], 1, 30)
-        assert await store.wait_for_control(0) == frozenset()  # takes note of the current version
-        cancelled_elsewhere = cli(sqlite_database_url, "cancel", job_id)
-        assert await woken_by(store.wait_for_control(2 * POLL_S), cancelled_elsewhere) is None  # "check your jobs"
-        cancelled, _ = await store.control_state([claim.fence.job_id])
-        assert cancelled == {job_id}
-    finally:
-        await store.close()
+    job_id = await submit(store, "echo", {})
+    [(claim, _)] = await store.claim_and_start("w", ["echo"], [], 1, 30)
+    assert await store.wait_for_control(0) == frozenset()  # takes note of the current version
+    cancelled_elsewhere = cli(database_url, "cancel", job_id)
+    assert await woken_by(store.wait_for_control(2 * POLL_S), cancelled_elsewhere) is None  # "check your jobs"
+    cancelled, _ = await store.control_state([claim.fence.job_id])
+    assert cancelled == {job_id}
 
 
 async def test_without_inotify_the_poll_still_finds_the_job(
-    sqlite_database_url: str, monkeypatch: pytest.MonkeyPatch
+    store: Store, database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(doorbell, "_LIBC", None)
-    store: Store = await open_store(Settings(database_url=sqlite_database_url))
-    try:
-        await store.wait_for_jobs(0)
-        # Woken by the default poll, at most 25 ms after the commit.
-        await woken_by(store.wait_for_jobs(2 * POLL_S), cli(sqlite_database_url, "submit", "echo", "--input", "{}"))
-        assert len(await store.claim_and_start("w", ["echo"], [], 5, 30)) == 1
-    finally:
-        await store.close()
+    monkeypatch.setattr(doorbell, "_LIBC", None)  # read when the store first waits
+    await store.wait_for_jobs(0)
+    # Woken by the default poll, at most 25 ms after the commit.
+    await woken_by(store.wait_for_jobs(2 * POLL_S), cli(database_url, "submit", "echo", "--input", "{}"))
+    assert len(await store.claim_and_start("w", ["echo"], [], 5, 30)) == 1
