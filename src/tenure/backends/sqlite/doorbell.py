@@ -93,14 +93,13 @@ class Watch:
             return None
         return cls(fd, asyncio.get_running_loop())
 
-    def add(self, path: str, event: asyncio.Event) -> bool:
-        """Set `event` whenever `path` is written. False when it cannot be watched (then: poll)."""
+    def add(self, path: str, event: asyncio.Event) -> None:
+        """Set `event` whenever `path` is written (where it cannot be watched, the poll alone wakes)."""
         wd = _LIBC.inotify_add_watch(self._fd, os.fsencode(path), _IN_MODIFY) if _LIBC is not None else -1
         if wd < 0:
             log.debug("cannot watch %s (%s): polling only", path, os.strerror(ctypes.get_errno()))
-            return False
+            return
         self._events[wd] = event
-        return True
 
     def _readable(self) -> None:
         # Each record is struct inotify_event {int wd; uint32 mask, cookie, len; char name[len]}; watches on

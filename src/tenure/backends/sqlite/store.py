@@ -95,6 +95,7 @@ _CONTROL_POLL_S = 0.1
 # The gateway's event hub polls faster than workers do: its wake-up is a stream's latency, and a PRAGMA
 # data_version on the connection thread costs microseconds.
 _EVENTS_POLL_MAX_S = 0.005
+_LOCK_SUFFIX = "-tenure-lock"  # the writers' sidecar lock, see the module docstring
 _BELLS = ("jobs", "control")  # jobs: a job became claimable; control: a command or cancel was sent
 
 
@@ -112,7 +113,7 @@ def database_files(path: str | os.PathLike[str]) -> list[str]:
     """Every file of a Tenure SQLite database, to delete it whole once no process has it open: the database,
     SQLite's own side files, the writers' sidecar lock and the doorbells."""
     path = os.fspath(path)
-    return [path + suffix for suffix in ("", "-wal", "-shm", "-journal", "-tenure-lock")] + [
+    return [path + suffix for suffix in ("", "-wal", "-shm", "-journal", _LOCK_SUFFIX)] + [
         bell_path(path, name) for name in _BELLS
     ]
 
@@ -213,7 +214,7 @@ class SqliteStore:
         db.execute(f"PRAGMA synchronous = {self._synchronous}")
         db.execute(f"PRAGMA busy_timeout = {int(_BUSY_TIMEOUT_S * 1000)}")
         if fcntl is not None:
-            self._turn = _WriterTurn(self._path + "-tenure-lock")
+            self._turn = _WriterTurn(self._path + _LOCK_SUFFIX)
         for name in _BELLS:
             try:
                 self._bells[name] = Bell(bell_path(self._path, name))
@@ -630,9 +631,11 @@ class SqliteStore:
         self._ring("jobs")
 
     def _ring(self, name: str) -> None:
+        """Ring on the connection thread (a file write, kept off the event loop), after the commit that called
+        for it: the thread runs one call at a time, in order. Not awaited: a ring is a hint."""
         bell = self._bells.get(name)
-        if bell is not None:
-            bell.ring()
+        if bell is not None and not self._closed:
+            self._executor.submit(bell.ring)
 
     def _watch_bell(self, name: str, event: asyncio.Event) -> None:
         """Let the `name` doorbell set `event` (once per store; nothing where inotify is missing)."""
