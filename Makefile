@@ -36,6 +36,7 @@ tools:
 
 lint: dev
 	$(VENV)/bin/ruff check src tests
+	$(VENV)/bin/ruff format --check src tests bench examples
 	$(VENV)/bin/mypy
 
 test: dev services tools lint

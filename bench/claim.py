@@ -133,8 +133,11 @@ class Target:
             return None
         await self._conn.execute("SELECT pg_stat_clear_snapshot()")
         await asyncio.sleep(0.6)
-        return int(await self._conn.fetchval(
-            "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = current_database()"))
+        return int(
+            await self._conn.fetchval(
+                "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = current_database()"
+            )
+        )
 
     async def unfinished(self) -> int:
         states = ",".join(f"'{s}'" for s in _TERMINAL)
@@ -163,14 +166,43 @@ class Target:
                    (SELECT count(*) FROM events),
                    count(DISTINCT claimed_at), count(DISTINCT finished_at)
               FROM jobs"""
-        (jobs, succeeded, attempts1, epoch1, first_start, last_finish, execs, exec_jobs, exec_ok, ev_started,
-         ev_succeeded, ev_total, claim_times, finish_times) = (await self.query(lite, pg))[0]
-        ok = (jobs == n and succeeded == n and attempts1 == n and execs == n and exec_jobs == n and exec_ok == n
-              and ev_started == n and ev_succeeded == n)
+        (
+            jobs,
+            succeeded,
+            attempts1,
+            epoch1,
+            first_start,
+            last_finish,
+            execs,
+            exec_jobs,
+            exec_ok,
+            ev_started,
+            ev_succeeded,
+            ev_total,
+            claim_times,
+            finish_times,
+        ) = (await self.query(lite, pg))[0]
+        ok = (
+            jobs == n
+            and succeeded == n
+            and attempts1 == n
+            and execs == n
+            and exec_jobs == n
+            and exec_ok == n
+            and ev_started == n
+            and ev_succeeded == n
+        )
         return {
-            "ok": bool(ok), "jobs": jobs, "succeeded": succeeded, "attempts_1": attempts1, "claimed_once": epoch1,
-            "executions": execs, "jobs_with_execution": exec_jobs, "events": ev_total,
-            "first_start": first_start, "last_finish": last_finish,
+            "ok": bool(ok),
+            "jobs": jobs,
+            "succeeded": succeeded,
+            "attempts_1": attempts1,
+            "claimed_once": epoch1,
+            "executions": execs,
+            "jobs_with_execution": exec_jobs,
+            "events": ev_total,
+            "first_start": first_start,
+            "last_finish": last_finish,
             # Jobs per claim and per finish transaction: one transaction stamps its rows with one now()
             # (PostgreSQL; SQLite's clock advances between statements, so its finish figure means nothing).
             "jobs_per_claim": round(n / claim_times, 2) if claim_times else None,
@@ -207,8 +239,9 @@ def _snapshot() -> dict[int, tuple[str, float, str]]:
     return out
 
 
-def _cpu_by_kind(before: dict[int, tuple[str, float, str]], after: dict[int, tuple[str, float, str]],
-                 workers: set[int]) -> dict[str, float]:
+def _cpu_by_kind(
+    before: dict[int, tuple[str, float, str]], after: dict[int, tuple[str, float, str]], workers: set[int]
+) -> dict[str, float]:
     """CPU used between two snapshots: by our workers, by postgres processes, by everything else."""
     me = os.getpid()
     out = {"workers": 0.0, "postgres": 0.0, "bench": 0.0, "foreign": 0.0}
@@ -248,41 +281,60 @@ def _tenure_script() -> str:
     return str(path)
 
 
-def _launch(args: argparse.Namespace, env: dict[str, str], log_dir: Path, procs: list[subprocess.Popen[bytes]],
-            logs: list[Any]) -> None:
+def _launch(
+    args: argparse.Namespace, env: dict[str, str], log_dir: Path, procs: list[subprocess.Popen[bytes]], logs: list[Any]
+) -> None:
     """Start the worker processes, each in its own session (so that only they are signalled later)."""
     log_dir.mkdir(parents=True, exist_ok=True)
     for i in range(args.workers):
         log = open(log_dir / f"worker{i}.log", "wb")  # closed by run_once after the run
         logs.append(log)
-        procs.append(subprocess.Popen(
-            [_tenure_script(), "worker", "--concurrency", str(args.concurrency)], env=env, cwd=str(HERE),
-            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        ))
+        procs.append(
+            subprocess.Popen(
+                [_tenure_script(), "worker", "--concurrency", str(args.concurrency)],
+                env=env,
+                cwd=str(HERE),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        )
 
 
 async def run_once(target: Target, args: argparse.Namespace) -> dict[str, Any]:
     n = args.n
-    rec: dict[str, Any] = {"store": target.label(), "n": n, "workers": args.workers, "concurrency": args.concurrency,
-                           "sleep_ms": args.sleep_ms}
+    rec: dict[str, Any] = {
+        "store": target.label(),
+        "n": n,
+        "workers": args.workers,
+        "concurrency": args.concurrency,
+        "sleep_ms": args.sleep_ms,
+    }
     await target.reset()
     async with tenure.connect(app, settings=target.settings()) as client:
         t0 = time.perf_counter()
         for i in range(0, n, CHUNK):
             await client.submit_many(
-                [tenure.JobRequest(AGENT, {"i": j, "sleep_s": args.sleep_ms / 1000, "redis": args.redis})
-                 for j in range(i, min(n, i + CHUNK))]
+                [
+                    tenure.JobRequest(AGENT, {"i": j, "sleep_s": args.sleep_ms / 1000, "redis": args.redis})
+                    for j in range(i, min(n, i + CHUNK))
+                ]
             )
         enq_s = time.perf_counter() - t0
     rec["enqueue_s"] = round(enq_s, 4)
     rec["enqueue_jobs_s"] = round(n / enq_s, 1)
 
     env = dict(os.environ)
-    env.update({
-        "TENURE_DATABASE_URL": target.url, "TENURE_APP": args.worker_app, "TENURE_LOG_LEVEL": "warning",
-        "TENURE_SQLITE_SYNCHRONOUS": target.synchronous,
-        "PYTHONPATH": str(HERE) + os.pathsep + env.get("PYTHONPATH", ""),
-    })
+    env.update(
+        {
+            "TENURE_DATABASE_URL": target.url,
+            "TENURE_APP": args.worker_app,
+            "TENURE_LOG_LEVEL": "warning",
+            "TENURE_SQLITE_SYNCHRONOUS": target.synchronous,
+            "PYTHONPATH": str(HERE) + os.pathsep + env.get("PYTHONPATH", ""),
+        }
+    )
     log_dir = Path(args.log_dir)
     procs: list[subprocess.Popen[bytes]] = []
     logs: list[Any] = []
@@ -350,13 +402,24 @@ def _median(runs: list[dict[str, Any]], key: str) -> Any:
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     ok = [r for r in runs if r.get("ok")]
-    keys = ("drain_jobs_s", "jobs_s_incl_startup", "enqueue_jobs_s", "worker_cpu_ms_per_job",
-            "worker_cpu_drain_ms_per_job", "postgres_cpu_ms_per_job", "transactions_per_job", "jobs_per_claim",
-            "jobs_per_finish")
+    keys = (
+        "drain_jobs_s",
+        "jobs_s_incl_startup",
+        "enqueue_jobs_s",
+        "worker_cpu_ms_per_job",
+        "worker_cpu_drain_ms_per_job",
+        "postgres_cpu_ms_per_job",
+        "transactions_per_job",
+        "jobs_per_claim",
+        "jobs_per_finish",
+    )
     out: dict[str, Any] = {"reps": len(runs), "reps_ok": len(ok)}
     for k in keys:
-        out[k] = {"median": _median(ok, k), "min": min((r[k] for r in ok if r.get(k) is not None), default=None),
-                  "max": max((r[k] for r in ok if r.get(k) is not None), default=None)}
+        out[k] = {
+            "median": _median(ok, k),
+            "min": min((r[k] for r in ok if r.get(k) is not None), default=None),
+            "max": max((r[k] for r in ok if r.get(k) is not None), default=None),
+        }
     out["foreign_cpu_s_max"] = max((r["cpu_s"]["foreign"] for r in runs if "cpu_s" in r), default=None)
     return out
 
@@ -392,8 +455,10 @@ def render(runs: list[dict[str, Any]], summary: dict[str, Any], store: str) -> s
             continue
         lines.append(f"| {label} | {fmt(s['median'])} | {fmt(s['min'])} | {fmt(s['max'])} |")
     lines.append("")
-    lines.append("| rep | ok | drain jobs/s | incl. start-up | enqueue jobs/s | worker CPU s | postgres CPU s "
-                 "| foreign CPU s | claimed once |")
+    lines.append(
+        "| rep | ok | drain jobs/s | incl. start-up | enqueue jobs/s | worker CPU s | postgres CPU s "
+        "| foreign CPU s | claimed once |"
+    )
     lines.append("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
     for i, r in enumerate(runs, 1):
         c = r.get("cpu_s", {})
@@ -414,13 +479,22 @@ async def main_async(args: argparse.Namespace) -> tuple[Target, list[dict[str, A
         try:
             rec = await run_once(target, args)
         except Exception as exc:
-            rec = {"store": target.label(), "n": args.n, "workers": args.workers, "concurrency": args.concurrency,
-                   "ok": False, "error": f"{type(exc).__name__}: {exc}"}
+            rec = {
+                "store": target.label(),
+                "n": args.n,
+                "workers": args.workers,
+                "concurrency": args.concurrency,
+                "ok": False,
+                "error": f"{type(exc).__name__}: {exc}",
+            }
         rec["rep"] = rep
         runs.append(rec)
-        print(f"[claim] rep {rep}: ok={rec.get('ok')} drain={rec.get('drain_jobs_s')} jobs/s "
-              f"enqueue={rec.get('enqueue_jobs_s')} jobs/s cpu={rec.get('cpu_s')} {rec.get('error', '')}",
-              file=sys.stderr, flush=True)
+        print(
+            f"[claim] rep {rep}: ok={rec.get('ok')} drain={rec.get('drain_jobs_s')} jobs/s "
+            f"enqueue={rec.get('enqueue_jobs_s')} jobs/s cpu={rec.get('cpu_s')} {rec.get('error', '')}",
+            file=sys.stderr,
+            flush=True,
+        )
     return target, runs
 
 
@@ -428,34 +502,64 @@ def report(args: argparse.Namespace, target: Target, runs: list[dict[str, Any]])
     summary = summarize(runs)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps({
-            "store": target.label(), "database_url": target.url, "synchronous": args.synchronous,
-            "n": args.n, "workers": args.workers, "concurrency": args.concurrency, "sleep_ms": args.sleep_ms,
-            "reps": args.reps, "loadavg": os.getloadavg(), "python": sys.version.split()[0],
-            "sqlite": sqlite3.sqlite_version, "summary": summary, "runs": runs,
-        }, indent=1) + "\n")
+        Path(args.out).write_text(
+            json.dumps(
+                {
+                    "store": target.label(),
+                    "database_url": target.url,
+                    "synchronous": args.synchronous,
+                    "n": args.n,
+                    "workers": args.workers,
+                    "concurrency": args.concurrency,
+                    "sleep_ms": args.sleep_ms,
+                    "reps": args.reps,
+                    "loadavg": os.getloadavg(),
+                    "python": sys.version.split()[0],
+                    "sqlite": sqlite3.sqlite_version,
+                    "summary": summary,
+                    "runs": runs,
+                },
+                indent=1,
+            )
+            + "\n"
+        )
     print(render(runs, summary, target.label()))
     return 0 if summary["reps_ok"] == summary["reps"] else 1
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--database-url", default=DEFAULT_SQLITE,
-                    help=f"store to measure (default {DEFAULT_SQLITE}); it is wiped before every repetition")
+    ap.add_argument(
+        "--database-url",
+        default=DEFAULT_SQLITE,
+        help=f"store to measure (default {DEFAULT_SQLITE}); it is wiped before every repetition",
+    )
     ap.add_argument("-n", type=int, default=10_000, help="jobs per repetition (default 10,000)")
     ap.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
     ap.add_argument("--concurrency", type=int, default=10, help="slots per worker (default 10)")
-    ap.add_argument("--sleep-ms", type=float, default=0.0,
-                    help="each job awaits asyncio.sleep this long (default 0: a no-op job)")
-    ap.add_argument("--redis", default=None, metavar="URL",
-                    help="each job also makes one INCR round trip to this Redis (like the peer harness's job)")
-    ap.add_argument("--synchronous", choices=("FULL", "NORMAL"), default="FULL",
-                    help="SQLite synchronous (TENURE_SQLITE_SYNCHRONOUS; default FULL, Tenure's default)")
+    ap.add_argument(
+        "--sleep-ms", type=float, default=0.0, help="each job awaits asyncio.sleep this long (default 0: a no-op job)"
+    )
+    ap.add_argument(
+        "--redis",
+        default=None,
+        metavar="URL",
+        help="each job also makes one INCR round trip to this Redis (like the peer harness's job)",
+    )
+    ap.add_argument(
+        "--synchronous",
+        choices=("FULL", "NORMAL"),
+        default="FULL",
+        help="SQLite synchronous (TENURE_SQLITE_SYNCHRONOUS; default FULL, Tenure's default)",
+    )
     ap.add_argument("--reps", type=int, default=1, help="repetitions; the table shows median/min/max")
     ap.add_argument("--timeout", type=float, default=120.0, help="give up a repetition after this many seconds")
     ap.add_argument("--out", help="write the runs and summary as JSON here")
-    ap.add_argument("--worker-app", default="claim:app",
-                    help="the workers' app (module:attr, with an agent named 'noop'; bench/ is on PYTHONPATH)")
+    ap.add_argument(
+        "--worker-app",
+        default="claim:app",
+        help="the workers' app (module:attr, with an agent named 'noop'; bench/ is on PYTHONPATH)",
+    )
     ap.add_argument("--log-dir", default="/tmp/tenure-claim-bench-logs", help="worker logs")
     args = ap.parse_args()
     target, runs = asyncio.run(main_async(args))

@@ -358,9 +358,7 @@ async def bench_jobs(jobs: int, workers: int, concurrency: int, leases_on: str) 
         await admin.execute(f"DROP SCHEMA {schema} CASCADE")
         await admin.close()
         if leases_on == "redis":
-            cleanup = redis.asyncio.Redis.from_url(
-                REDIS_URL, driver_info=DriverInfo(lib_version=redis.__version__)
-            )
+            cleanup = redis.asyncio.Redis.from_url(REDIS_URL, driver_info=DriverInfo(lib_version=redis.__version__))
             keys = [k async for k in cleanup.scan_iter(match=prefix + "*")]
             if keys:
                 await cleanup.delete(*keys)
@@ -389,9 +387,7 @@ async def bench_jobs(jobs: int, workers: int, concurrency: int, leases_on: str) 
 
 
 async def main() -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--part", choices=("all", "leases", "jobs"), default="all")
     parser.add_argument("--seconds", type=float, default=3.0, help="measuring time per lease cell")
     parser.add_argument("--jobs", type=int, default=2000)

@@ -52,14 +52,22 @@ async def main(n: int, workers: int) -> None:
     await admin.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE; CREATE SCHEMA {SCHEMA}")
     await admin.close()
     here = HERE
-    env = dict(os.environ, TENURE_DATABASE_URL=url, TENURE_APP="pickup:app", TENURE_LOG_LEVEL="warning",
-               PYTHONPATH=here + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = dict(
+        os.environ,
+        TENURE_DATABASE_URL=url,
+        TENURE_APP="pickup:app",
+        TENURE_LOG_LEVEL="warning",
+        PYTHONPATH=here + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    )
     tenure_bin = os.path.join(os.path.dirname(sys.executable), "tenure")
     async with tenure.connect(app, settings=Settings(database_url=url)) as client:
         procs = [
             subprocess.Popen(  # noqa: ASYNC220 - started once, before anything is measured
-                [tenure_bin, "worker", "--concurrency", str(max(1, 20 // workers))], env=env,
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                [tenure_bin, "worker", "--concurrency", str(max(1, 20 // workers))],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
             )
             for _ in range(workers)
         ]
@@ -85,15 +93,22 @@ async def main(n: int, workers: int) -> None:
     for job_id, (t0, returned) in sent.items():
         j = jobs[job_id]
         assert j.result is not None and j.claimed_at is not None, j
-        rows.append((j.created_at - t0, returned - j.created_at, j.claimed_at - j.created_at,
-                     j.result["t"] - j.claimed_at, j.result["t"] - t0))
+        rows.append(
+            (
+                j.created_at - t0,
+                returned - j.created_at,
+                j.claimed_at - j.created_at,
+                j.result["t"] - j.claimed_at,
+                j.result["t"] - t0,
+            )
+        )
     names = ["t0 -> created", "submit returns after created", "created -> claim", "claim -> handler", "total"]
     print(f"{n} jobs, {workers} worker(s), load average {os.getloadavg()[0]:.1f}")
     for k, name in enumerate(names):
         xs = sorted(r[k] * 1000 for r in rows)
         q = [xs[min(len(xs) - 1, int(p * len(xs)))] for p in (0.5, 0.9, 0.99)]
         print(f"  {name:30s} p50 {q[0]:6.2f}  p90 {q[1]:6.2f}  p99 {q[2]:6.2f}  max {xs[-1]:6.2f} ms")
-    worst = sorted(rows, key=lambda r: -r[4])[:int(os.environ.get("PICKUP_WORST", "5"))]
+    worst = sorted(rows, key=lambda r: -r[4])[: int(os.environ.get("PICKUP_WORST", "5"))]
     print("  slowest totals (stages, ms):", [[round(x * 1000, 2) for x in r] for r in worst])
 
 

@@ -56,8 +56,7 @@ def main() -> int:
         }
     )
     workers = [
-        subprocess.Popen([sys.executable, "-m", "tenure.cli", "worker", "--concurrency", "6"], env=env)
-        for _ in range(2)
+        subprocess.Popen([sys.executable, "-m", "tenure.cli", "worker", "--concurrency", "6"], env=env) for _ in range(2)
     ]
     try:
         asyncio.run(submit_and_wait(db))

@@ -26,11 +26,7 @@ async def main(url: str) -> None:
                 }
             )
         )
-        await ws.send(
-            json.dumps(
-                {"op": "submit", "ref": "short", "agent": "echo", "input": {"hi": 1}, "subscribe": True}
-            )
-        )
+        await ws.send(json.dumps({"op": "submit", "ref": "short", "agent": "echo", "input": {"hi": 1}, "subscribe": True}))
         ended = 0
         while ended < 2:
             frame = json.loads(await ws.recv())

@@ -39,7 +39,9 @@ def _start_private_redis() -> subprocess.Popen[bytes] | None:
         port = s.getsockname()[1]
     proc = subprocess.Popen(
         [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
     )
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
@@ -58,15 +60,15 @@ def _start_private_redis() -> subprocess.Popen[bytes] | None:
 
 
 _PRIVATE_REDIS = _start_private_redis()
-REDIS_URL = os.environ.get("TENURE_TEST_REDIS") or os.environ.get(
-    "PRIVATE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0"
-)
+REDIS_URL = os.environ.get("TENURE_TEST_REDIS") or os.environ.get("PRIVATE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     if _PRIVATE_REDIS is not None and _PRIVATE_REDIS.poll() is None:
         _PRIVATE_REDIS.kill()
         _PRIVATE_REDIS.wait()
+
+
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
 

@@ -92,9 +92,9 @@ class Driver(BaseDriver):
         return {
             "store": f"PostgreSQL, schema {SCHEMA} (dropped and re-created per run)",
             "postgres": "stock Debian postgresql-15 config (fsync=on, synchronous_commit=on); Tenure's claim "
-                        "connection sets synchronous_commit=off (claim_and_start turns it on for its own "
-                        "transaction: a started job is durable before its handler runs); an enqueue commits "
-                        "asynchronously, then waits for a durable flush barrier before it returns",
+            "connection sets synchronous_commit=off (claim_and_start turns it on for its own "
+            "transaction: a started job is durable before its handler runs); an enqueue commits "
+            "asynchronously, then waits for a durable flush barrier before it returns",
             "wakeup": "LISTEN/NOTIFY (one NOTIFY per enqueue batch) + poll floor 1 s",
         }
 

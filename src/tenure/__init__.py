@@ -1,13 +1,13 @@
 """Tenure: a runtime for AI-agent jobs.
 
-    from tenure import Tenure, Context
+from tenure import Tenure, Context
 
-    app = Tenure()
+app = Tenure()
 
-    @app.agent("echo")
-    async def echo(ctx: Context, input: dict) -> dict:
-        await ctx.emit("message.delta", {"text": "hi"})
-        return input
+@app.agent("echo")
+async def echo(ctx: Context, input: dict) -> dict:
+    await ctx.emit("message.delta", {"text": "hi"})
+    return input
 """
 
 from tenure.app import LocalClient, connect

@@ -111,8 +111,13 @@ class LocalClient:
         return job
 
     async def jobs(
-        self, *, state: JobState | None = None, agent: str | None = None, limit: int = 50,
-        before: str | None = None, tenant: str | None = None,
+        self,
+        *,
+        state: JobState | None = None,
+        agent: str | None = None,
+        limit: int = 50,
+        before: str | None = None,
+        tenant: str | None = None,
     ) -> list[Job]:
         return await self.store.list_jobs(JobFilter(tenant, state, agent, before, limit))
 
@@ -178,8 +183,10 @@ def gateway_config(settings: Settings) -> Any:
     return GatewayConfig(
         limits=AdmissionLimits(max_input_bytes=settings.max_input_bytes, default_deadline_s=settings.default_deadline_s),
         gate=GateConfig(
-            max_queued=settings.max_queued, max_queued_per_tenant=settings.max_queued_per_tenant,
-            breaker_threshold=settings.breaker_threshold, breaker_window_s=settings.breaker_window_s,
+            max_queued=settings.max_queued,
+            max_queued_per_tenant=settings.max_queued_per_tenant,
+            breaker_threshold=settings.breaker_threshold,
+            breaker_window_s=settings.breaker_window_s,
             breaker_open_s=settings.breaker_open_s,
         ),
     )
@@ -206,8 +213,7 @@ async def serve_gateway(settings: Settings, host: str, port: int, *, inline: boo
                 f"no API keys are configured (TENURE_API_KEYS, TENURE_API_KEYS_FILE, TENURE_ADMIN_KEY), so the "
                 f"gateway only binds to a loopback address, not {host!r}"
             )
-        log.warning("no API keys configured: the gateway is open to local clients only (%s), as tenant 'default'",
-                    host)
+        log.warning("no API keys configured: the gateway is open to local clients only (%s), as tenant 'default'", host)
     app = load_app(settings.app)
     store = await open_store(settings)
     stop = asyncio.Event()
@@ -240,12 +246,24 @@ async def serve_gateway(settings: Settings, host: str, port: int, *, inline: boo
         store, app.specs(), auth, gateway_config(settings), on_start=on_start, on_stop=on_stop, ready_index=ready_hints
     )
     config = uvicorn.Config(
-        gateway.asgi, host=host, port=port, log_level="warning", lifespan="on", ws_max_size=2 * 1024 * 1024,
-        timeout_graceful_shutdown=5, access_log=False,
+        gateway.asgi,
+        host=host,
+        port=port,
+        log_level="warning",
+        lifespan="on",
+        ws_max_size=2 * 1024 * 1024,
+        timeout_graceful_shutdown=5,
+        access_log=False,
     )
     server = uvicorn.Server(config)
-    log.info("gateway on http://%s:%d (app %s, store %s%s)", host, port, settings.app,
-             settings.database_url.split("?")[0], ", inline worker" if inline else "")
+    log.info(
+        "gateway on http://%s:%d (app %s, store %s%s)",
+        host,
+        port,
+        settings.app,
+        settings.database_url.split("?")[0],
+        ", inline worker" if inline else "",
+    )
     gateway_id = f"gateway:{socket.gethostname()}:{os.getpid()}"
     set_process_log_fields(role="gateway", worker_id=gateway_id)
     try:
@@ -263,11 +281,17 @@ def worker_config(settings: Settings) -> Any:
     from tenure.worker import WorkerConfig
 
     return WorkerConfig(
-        concurrency=settings.concurrency, heartbeat_s=settings.heartbeat_s, claim_ttl_s=settings.claim_ttl_s,
-        sweep_interval_s=settings.sweep_interval_s, drain_timeout_s=settings.drain_timeout_s,
-        poll_s=settings.poll_s, capabilities=settings.capabilities,
-        lag_interval_s=settings.lag_interval_s, stall_threshold_s=settings.stall_threshold_s,
-        degraded_lag_s=settings.degraded_lag_s, degraded_for_s=settings.degraded_for_s,
+        concurrency=settings.concurrency,
+        heartbeat_s=settings.heartbeat_s,
+        claim_ttl_s=settings.claim_ttl_s,
+        sweep_interval_s=settings.sweep_interval_s,
+        drain_timeout_s=settings.drain_timeout_s,
+        poll_s=settings.poll_s,
+        capabilities=settings.capabilities,
+        lag_interval_s=settings.lag_interval_s,
+        stall_threshold_s=settings.stall_threshold_s,
+        degraded_lag_s=settings.degraded_lag_s,
+        degraded_for_s=settings.degraded_for_s,
     )
 
 
@@ -295,7 +319,11 @@ async def open_quotas(settings: Settings, store: Store, ttl_s: float) -> AsyncIt
         raise ConfigError("quotas need a lease backend: set TENURE_REDIS_URL or use a SQL store")
     try:
         yield QuotaManager(
-            leases, specs, ttl_s=ttl_s, channel=channel, poll_s=0.25 if channel is None else 1.0,
+            leases,
+            specs,
+            ttl_s=ttl_s,
+            channel=channel,
+            poll_s=0.25 if channel is None else 1.0,
             leases_announce=isinstance(leases, RedisLeases),
         )
     finally:
@@ -312,6 +340,8 @@ def open_ready_index(settings: Settings, stale_s: float | None = None) -> RedisR
     if not settings.redis_url:
         return None
     return RedisReadyIndex(
-        settings.redis_url, prefix=settings.redis_prefix, stale_s=stale_s or settings.claim_ttl_s,
+        settings.redis_url,
+        prefix=settings.redis_prefix,
+        stale_s=stale_s or settings.claim_ttl_s,
         max_block_s=max(settings.poll_s, 0.05),
     )

@@ -26,9 +26,7 @@ log = logging.getLogger("tenure.cli")
 
 
 def _settings(args: argparse.Namespace, **extra: Any) -> Settings:
-    return Settings.from_env(
-        database_url=getattr(args, "database_url", None), app=getattr(args, "app", None), **extra
-    )
+    return Settings.from_env(database_url=getattr(args, "database_url", None), app=getattr(args, "app", None), **extra)
 
 
 def _setup_logging(level: str, fmt: str = "auto") -> None:
@@ -97,7 +95,10 @@ async def cmd_worker(args: argparse.Namespace) -> int:
     from tenure.worker.faults import Faults, stop_self
 
     settings = _settings(
-        args, concurrency=args.concurrency, heartbeat_s=args.heartbeat_s, claim_ttl_s=args.claim_ttl_s,
+        args,
+        concurrency=args.concurrency,
+        heartbeat_s=args.heartbeat_s,
+        claim_ttl_s=args.claim_ttl_s,
         capabilities=tuple(args.capabilities.split(",")) if args.capabilities else None,
     )
     app = load_app(settings.app)
@@ -158,9 +159,7 @@ def _metrics_port(settings: Settings) -> int | None:
         raise ConfigError(f"TENURE_METRICS_PORT must be a port number, not {text!r}") from None
 
 
-async def _serve_worker_metrics(
-    worker: Any, store: Any, port: int | None, host: str
-) -> Callable[[], Awaitable[None]]:
+async def _serve_worker_metrics(worker: Any, store: Any, port: int | None, host: str) -> Callable[[], Awaitable[None]]:
     """`/metrics` of one worker on its own thread (never on the loop); also exports the SQLite store's
     connection thread as a blocking adapter of bound 1. Returns the function that stops both."""
     from tenure.observability import metrics
@@ -201,8 +200,12 @@ async def cmd_submit(args: argparse.Namespace) -> int:
 
     async def go(client: LocalClient) -> int:
         job_id = await client.submit(
-            args.agent, payload, idempotency_key=args.idempotency_key, priority=args.priority,
-            requires=args.requires.split(",") if args.requires else (), deadline_s=args.deadline_s,
+            args.agent,
+            payload,
+            idempotency_key=args.idempotency_key,
+            priority=args.priority,
+            requires=args.requires.split(",") if args.requires else (),
+            deadline_s=args.deadline_s,
             max_attempts=args.max_attempts,
         )
         if not args.wait:
@@ -224,8 +227,10 @@ async def cmd_jobs(args: argparse.Namespace) -> int:
             print(f"{'ID':36}  {'AGENT':18}  {'STATE':9}  {'EPOCH':>5}  {'ATT':>5}  {'CREATED':12}  ERROR")
             for j in jobs:
                 err = f"{j.error_code}: {j.error_message}" if j.error_code else ""
-                print(f"{j.id:36}  {j.agent:18.18}  {j.state.value:9}  {j.epoch:>5}  "
-                      f"{j.attempts:>2}/{j.max_attempts:<2}  {_ts(j.created_at):12}  {err}")
+                print(
+                    f"{j.id:36}  {j.agent:18.18}  {j.state.value:9}  {j.epoch:>5}  "
+                    f"{j.attempts:>2}/{j.max_attempts:<2}  {_ts(j.created_at):12}  {err}"
+                )
 
         _out(args, [j.to_dict() for j in jobs], human)
         return 0
@@ -242,8 +247,10 @@ async def cmd_job(args: argparse.Namespace) -> int:
         def human() -> None:
             _print_job(job)
             for e in executions:
-                print(f"execution  {e.id}  epoch {e.epoch}  {e.outcome:9}  worker {e.worker_id}  "
-                      f"{_ts(e.started_at)} → {_ts(e.ended_at)}")
+                print(
+                    f"execution  {e.id}  epoch {e.epoch}  {e.outcome:9}  worker {e.worker_id}  "
+                    f"{_ts(e.started_at)} → {_ts(e.ended_at)}"
+                )
 
         _out(args, data, human)
         return 0
@@ -285,8 +292,10 @@ async def cmd_workers(args: argparse.Namespace) -> int:
         def human() -> None:
             print(f"{'ID':40}  {'HOST':16}  {'PID':>7}  {'STATE':9}  {'SLOTS':>5}  {'HEARTBEAT':12}  JOBS HELD")
             for w in workers:
-                print(f"{w.id:40}  {w.host:16.16}  {w.pid:>7}  {w.state.value:9}  {w.concurrency:>5}  "
-                      f"{_ts(w.last_heartbeat):12}  {len(w.jobs_held)}")
+                print(
+                    f"{w.id:40}  {w.host:16.16}  {w.pid:>7}  {w.state.value:9}  {w.concurrency:>5}  "
+                    f"{_ts(w.last_heartbeat):12}  {len(w.jobs_held)}"
+                )
 
         _out(args, [w.to_dict() for w in workers], human)
         return 0
@@ -304,12 +313,16 @@ async def cmd_doctor(args: argparse.Namespace) -> int:
         for c in report.checks:
             print(f"{marks[c.status]}  {c.name:11} {c.detail}")
             for job in c.data.get("jobs", [])[:20]:
-                print(f"              job {job['job_id']} {job['state']} owner {job['owner']} "
-                      f"{job['past_ttl_s']} s past its TTL")
+                print(
+                    f"              job {job['job_id']} {job['state']} owner {job['owner']} "
+                    f"{job['past_ttl_s']} s past its TTL"
+                )
         print("healthy" if report.ok else "something is wrong (see FAIL above)")
 
     _out(args, report.to_dict(), human)
     return 0 if report.ok else 1
+
+
 # -- through the gateway ------------------------------------------------------------------------------------------------
 def _gateway_url(args: argparse.Namespace) -> str | None:
     return getattr(args, "url", None) or Settings.from_env().url
@@ -339,14 +352,17 @@ async def _follow(client: Any, job_id: str, after: str | None, as_json: bool) ->
 async def _submit_via_gateway(args: argparse.Namespace, url: str, payload: Any) -> int:
     async with _client(url) as client:
         job = await client.submit(
-            args.agent, payload, idempotency_key=args.idempotency_key, priority=args.priority,
-            requires=args.requires.split(",") if args.requires else None, deadline_s=args.deadline_s,
+            args.agent,
+            payload,
+            idempotency_key=args.idempotency_key,
+            priority=args.priority,
+            requires=args.requires.split(",") if args.requires else None,
+            deadline_s=args.deadline_s,
             max_attempts=args.max_attempts,
         )
         if args.follow:
             if not args.json:
-                print(f"job {job['id']} ({'new' if job['_created'] else 'existing, same idempotency key'})",
-                      flush=True)
+                print(f"job {job['id']} ({'new' if job['_created'] else 'existing, same idempotency key'})", flush=True)
             last = await _follow(client, job["id"], None, args.json)
             return 0 if last == "job.succeeded" else 1
         if args.wait:
@@ -396,6 +412,7 @@ async def cmd_cancel(args: argparse.Namespace) -> int:
                     raise
                 outcome = "unknown"
     else:
+
         async def go(client: LocalClient) -> str:
             from tenure.app import _job_id
 
@@ -454,8 +471,14 @@ async def cmd_up(args: argparse.Namespace) -> int:
     env = dict(os.environ)
     env["TENURE_DATABASE_URL"] = settings.database_url
     env["TENURE_APP"] = settings.app
-    return await supervise(host=args.host, port=args.port, workers=args.workers, inline=args.inline, env=env,
-                           drain_timeout_s=settings.drain_timeout_s)
+    return await supervise(
+        host=args.host,
+        port=args.port,
+        workers=args.workers,
+        inline=args.inline,
+        env=env,
+        drain_timeout_s=settings.drain_timeout_s,
+    )
 
 
 # -- parser -------------------------------------------------------------------------------------------------------------
@@ -486,8 +509,12 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--capabilities", help="comma-separated capability tags this worker offers")
     sp.add_argument("--heartbeat-s", type=float, help="heartbeat interval (TENURE_HEARTBEAT_S; default 5)")
     sp.add_argument("--claim-ttl-s", type=float, help="claim TTL, at least 3 heartbeats (TENURE_CLAIM_TTL_S)")
-    sp.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port (0: any free one; "
-                    "TENURE_METRICS_PORT); served from a thread, never the event loop")
+    sp.add_argument(
+        "--metrics-port",
+        type=int,
+        help="serve Prometheus /metrics on this port (0: any free one; "
+        "TENURE_METRICS_PORT); served from a thread, never the event loop",
+    )
     sp.add_argument("--metrics-host", default="127.0.0.1", help="address for --metrics-port (default 127.0.0.1)")
     sp.set_defaults(fn=cmd_worker)
 

@@ -20,9 +20,7 @@ import httpx
 
 from tenure.contracts.errors import TenureError
 
-TERMINAL_EVENTS = frozenset(
-    {"job.succeeded", "job.failed", "job.cancelled", "job.lost", "job.expired", "job.dead"}
-)
+TERMINAL_EVENTS = frozenset({"job.succeeded", "job.failed", "job.cancelled", "job.lost", "job.expired", "job.dead"})
 TERMINAL_STATES = frozenset({"succeeded", "failed", "cancelled", "lost", "expired", "dead"})
 
 
@@ -51,9 +49,7 @@ class Client:
         self.url = (url or os.environ.get("TENURE_URL") or "http://127.0.0.1:8000").rstrip("/")
         key = api_key if api_key is not None else os.environ.get("TENURE_API_KEY")
         headers = {"Authorization": f"Bearer {key}"} if key else {}
-        self._http = httpx.AsyncClient(
-            base_url=self.url, headers=headers, timeout=timeout, transport=transport
-        )
+        self._http = httpx.AsyncClient(base_url=self.url, headers=headers, timeout=timeout, transport=transport)
 
     async def __aenter__(self) -> Client:
         return self
@@ -71,9 +67,7 @@ class Client:
                 problem = r.json()
             except ValueError:
                 problem = {"title": r.reason_phrase, "detail": r.text[:200]}
-            raise GatewayError(
-                r.status_code, problem if isinstance(problem, dict) else {"detail": str(problem)}
-            )
+            raise GatewayError(r.status_code, problem if isinstance(problem, dict) else {"detail": str(problem)})
         return r
 
     # -- jobs --------------------------------------------------------------------------------------------------------
@@ -117,9 +111,7 @@ class Client:
         limit: int = 50,
         cursor: str | None = None,
     ) -> dict[str, Any]:
-        params = {
-            k: v for k, v in (("state", state), ("agent", agent), ("limit", limit), ("cursor", cursor)) if v
-        }
+        params = {k: v for k, v in (("state", state), ("agent", agent), ("limit", limit), ("cursor", cursor)) if v}
         out: dict[str, Any] = (await self._call("GET", "/v1/jobs", params=params)).json()
         return out
 
@@ -129,9 +121,7 @@ class Client:
         return str((await self._call("POST", f"/v1/jobs/{job_id}/cancel", params=params)).json()["outcome"])
 
     async def send_input(self, job_id: str, input: Any) -> str:
-        return str(
-            (await self._call("POST", f"/v1/jobs/{job_id}/input", json={"input": input})).json()["outcome"]
-        )
+        return str((await self._call("POST", f"/v1/jobs/{job_id}/input", json={"input": input})).json()["outcome"])
 
     async def approve(self, job_id: str, approved: bool = True, comment: str | None = None) -> str:
         body: dict[str, Any] = {"approved": approved}
@@ -158,9 +148,7 @@ class Client:
         params: dict[str, Any] = {"format": "json", "limit": limit}
         if after:
             params["after"] = after
-        out: list[dict[str, Any]] = (
-            await self._call("GET", f"/v1/jobs/{job_id}/events", params=params)
-        ).json()["events"]
+        out: list[dict[str, Any]] = (await self._call("GET", f"/v1/jobs/{job_id}/events", params=params)).json()["events"]
         return out
 
     async def stream(
@@ -186,9 +174,7 @@ class Client:
         if after:
             headers["Last-Event-ID"] = after
         timeout = httpx.Timeout(self._http.timeout.connect, read=None)
-        async with self._http.stream(
-            "GET", f"/v1/jobs/{job_id}/events", headers=headers, timeout=timeout
-        ) as r:
+        async with self._http.stream("GET", f"/v1/jobs/{job_id}/events", headers=headers, timeout=timeout) as r:
             if r.status_code >= 400:
                 await r.aread()
                 raise GatewayError(r.status_code, r.json())

@@ -163,14 +163,25 @@ class Demo:
         if faults:
             env["TENURE_FAULTS"] = faults
         cmd = [
-            sys.executable, "-m", "tenure.cli", "worker", "--concurrency", "1",
-            "--database-url", self.database_url,
+            sys.executable,
+            "-m",
+            "tenure.cli",
+            "worker",
+            "--concurrency",
+            "1",
+            "--database-url",
+            self.database_url,
         ]
         log_path = self.workdir / f"worker{n}.log"
         with open(log_path, "wb") as log_file:
             proc = subprocess.Popen(
-                cmd, env=env, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
-                start_new_session=True, cwd=self.workdir,
+                cmd,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                cwd=self.workdir,
             )
         w = WorkerProc(n, proc, log_path, faults)
         self.workers.append(w)
@@ -181,9 +192,7 @@ class Demo:
     def check_workers(self) -> None:
         for w in self.workers:
             if not w.killed and not w.alive():
-                raise DemoFailure(
-                    f"worker {w.label} (pid {w.pid}) exited on its own with status {w.proc.returncode}"
-                )
+                raise DemoFailure(f"worker {w.label} (pid {w.pid}) exited on its own with status {w.proc.returncode}")
 
     async def kill(self, w: WorkerProc) -> float:
         """SIGKILL a worker's process group; return the database clock just before the kill."""
@@ -291,11 +300,16 @@ class Demo:
     async def run(self) -> None:
         print("Tenure demo: the connection, the job and the execution owner are three identities")
         print(f"  store     {self.database_url}  (one SQLite file; no other service)")
-        print(f"  timings   heartbeat {HEARTBEAT_S:g} s · claim TTL {CLAIM_TTL_S:g} s · sweep every "
-              f"{SWEEP_INTERVAL_S:g} s · every worker runs with --concurrency 1")
+        print(
+            f"  timings   heartbeat {HEARTBEAT_S:g} s · claim TTL {CLAIM_TTL_S:g} s · sweep every "
+            f"{SWEEP_INTERVAL_S:g} s · every worker runs with --concurrency 1"
+        )
         print("  clock     [s.ss] = seconds since the demo started")
         settings = Settings(
-            database_url=self.database_url, app=APP, heartbeat_s=HEARTBEAT_S, claim_ttl_s=CLAIM_TTL_S,
+            database_url=self.database_url,
+            app=APP,
+            heartbeat_s=HEARTBEAT_S,
+            claim_ttl_s=CLAIM_TTL_S,
             sweep_interval_s=SWEEP_INTERVAL_S,
         )
         async with connect(APP, settings=settings) as client:
@@ -363,8 +377,10 @@ class Demo:
             # first, a BUSY_S-second sleep, is busy (or parked) while the other must take the echo.
             rounds += 1
             n = len(shorts)
-            self.log(f"W3 won no claim of the batch (W2 was quicker each time); offering "
-                     f"short-{n + 1} (sleep {BUSY_S:g} s) and short-{n + 2} (echo)")
+            self.log(
+                f"W3 won no claim of the batch (W2 was quicker each time); offering "
+                f"short-{n + 1} (sleep {BUSY_S:g} s) and short-{n + 2} (echo)"
+            )
             more = await self.submit_batch(
                 [f"short-{n + 1}", f"short-{n + 2}"],
                 [JobRequest("sleep", {"seconds": BUSY_S, "every": BUSY_S}), JobRequest("echo", {"n": n + 2})],
@@ -379,13 +395,17 @@ class Demo:
         for t in shorts:
             job = await self.job(t)
             if t is parked:
-                self.say(f"{t.label:9} {job.agent:5} -> {self.name(job.owner)}  claimed after "
-                         f"{_ms(job.claimed_at, job.created_at)} ms, NOT started (parked in the fault hook)")
+                self.say(
+                    f"{t.label:9} {job.agent:5} -> {self.name(job.owner)}  claimed after "
+                    f"{_ms(job.claimed_at, job.created_at)} ms, NOT started (parked in the fault hook)"
+                )
                 continue
             waits.append((job.execution_started_at or 0) - job.created_at)
             wait_ms = _ms(job.execution_started_at, job.created_at)
-            self.say(f"{t.label:9} {job.agent:5} -> {self.name(await self.runner(job))}  queue wait "
-                     f"(start - submit) {wait_ms:>4} ms, {job.state.value}")
+            self.say(
+                f"{t.label:9} {job.agent:5} -> {self.name(await self.runner(job))}  queue wait "
+                f"(start - submit) {wait_ms:>4} ms, {job.state.value}"
+            )
         long_job = await self.job(long)
         if long_job.state is not JobState.RUNNING:
             raise DemoFailure(
@@ -394,13 +414,14 @@ class Demo:
                 + _events_line(self, await self.events(long))
             )
         left = max(0.0, (long_job.execution_started_at or 0) + LONG_S - time.time())
-        self.log(f"{len(waits)} of {len(shorts)} short jobs started on an idle worker, the slowest "
-                 f"{max(waits, default=0) * 1000:.0f} ms after submission; W1 is still running {long.label} "
-                 f"(≈{left:.1f} s left)")
+        self.log(
+            f"{len(waits)} of {len(shorts)} short jobs started on an idle worker, the slowest "
+            f"{max(waits, default=0) * 1000:.0f} ms after submission; W1 is still running {long.label} "
+            f"(≈{left:.1f} s left)"
+        )
         self.say("The submitter never chose a worker: each job is a row, owned by whichever idle worker won")
         self.say("the claim CAS (UPDATE ... WHERE state = 'queued' AND owner IS NULL ...). Pinned to W1, the")
-        self.say(f"process that held the connection, they would have waited ≈{left:.1f} s more behind "
-                 f"{long.label}.")
+        self.say(f"process that held the connection, they would have waited ≈{left:.1f} s more behind {long.label}.")
         return parked
 
     async def settle(self, ts: Sequence[Tracked]) -> None:
@@ -435,8 +456,10 @@ class Demo:
         holder = self._proc(holders[0])
         if holder.n != 3:
             raise DemoFailure(f"the unstarted claim is held by {holder.label}, not by the faulty W3")
-        self.log(f"registry: {holder.label} holds {parked.label}; the job is {job.state.value} with owner "
-                 f"{holder.label}, epoch {job.epoch}, no execution started")
+        self.log(
+            f"registry: {holder.label} holds {parked.label}; the job is {job.state.value} with owner "
+            f"{holder.label}, epoch {job.epoch}, no execution started"
+        )
         first_expiry = job.claim_expires_at or 0.0
 
         async def renewed() -> Job | None:
@@ -444,8 +467,10 @@ class Demo:
             return j if (j.claim_expires_at or 0) > first_expiry else None
 
         job = await self.until("W3's heartbeat to renew its claim", renewed, 3 * HEARTBEAT_S + 2)
-        self.log(f"{holder.label} is alive and heartbeating: its claim's expiry moved "
-                 f"+{(job.claim_expires_at or 0) - first_expiry:.2f} s, so no other worker may take the job")
+        self.log(
+            f"{holder.label} is alive and heartbeating: its claim's expiry moved "
+            f"+{(job.claim_expires_at or 0) - first_expiry:.2f} s, so no other worker may take the job"
+        )
         epoch_before = job.epoch
         killed_at = await self.kill(holder)
         self.log(f"SIGKILL {holder.label} (pid {holder.pid}): its heartbeats stop, its claim will expire")
@@ -461,11 +486,12 @@ class Demo:
         bound = CLAIM_TTL_S + SWEEP_INTERVAL_S
         verdict = "within" if took <= bound + 0.25 else "OVER (a busy machine?)"
         parked.note = f"W3 claimed it at epoch {epoch_before}, never started, was killed"
-        self.log(f"the sweeper released the expired claim: {parked.label} claimed by {by} at epoch "
-                 f"{job.epoch} (was {epoch_before}), {took:.2f} s after the kill")
+        self.log(
+            f"the sweeper released the expired claim: {parked.label} claimed by {by} at epoch "
+            f"{job.epoch} (was {epoch_before}), {took:.2f} s after the kill"
+        )
         self.say(f"({verdict} the bound claim TTL + one sweep interval = {bound:g} s)")
-        self.say(f"{parked.label} {job.state.value} on {by}; events: "
-                 + _events_line(self, await self.events(parked)))
+        self.say(f"{parked.label} {job.state.value} on {by}; events: " + _events_line(self, await self.events(parked)))
         self.say(f"Epoch {epoch_before} left no execution and no event: it never reached execution.started,")
         self.say("so running the job elsewhere repeats nothing. Had W3 woken up instead of dying, its start")
         self.say(f"CAS (epoch {epoch_before}, old token) would have matched no row.")
@@ -475,11 +501,11 @@ class Demo:
     async def step_lost(self) -> None:
         self.section("4. a worker dies after the job started: lost, never run twice")
         counter = self.workdir / "counter"
-        crash = await self.submit(
-            "crash", "crash_after_effect", {"counter": str(counter), "seconds": CRASH_SLEEP_S}
+        crash = await self.submit("crash", "crash_after_effect", {"counter": str(counter), "seconds": CRASH_SLEEP_S})
+        self.log(
+            f"submitted {crash.label}: crash_after_effect (adds 1 to the file {counter.name}, then "
+            f"sleeps {CRASH_SLEEP_S:g} s)"
         )
-        self.log(f"submitted {crash.label}: crash_after_effect (adds 1 to the file {counter.name}, then "
-                 f"sleeps {CRASH_SLEEP_S:g} s)")
 
         async def effect_done() -> list[Event] | None:
             events = await self.events(crash)
@@ -493,25 +519,28 @@ class Demo:
             raise DemoFailure(f"{crash.label} runs on {worker_id}, which is not a live worker of this demo")
         job = await self.job(crash)
         epoch = job.epoch
-        self.log(f"{crash.label} is running on {victim.label} at epoch {epoch} (execution.started at "
-                 f"{self.rel(started.ts)}); its side effect is done: counter = {_read_counter(counter)}")
+        self.log(
+            f"{crash.label} is running on {victim.label} at epoch {epoch} (execution.started at "
+            f"{self.rel(started.ts)}); its side effect is done: counter = {_read_counter(counter)}"
+        )
         killed_at = await self.kill(victim)
         self.log(f"SIGKILL {victim.label} (pid {victim.pid}) in the middle of the execution")
 
-        job = await self.until(
-            f"{crash.label} to end", lambda: self.terminal(crash), CLAIM_TTL_S + STEP_TIMEOUT_S
-        )
+        job = await self.until(f"{crash.label} to end", lambda: self.terminal(crash), CLAIM_TTL_S + STEP_TIMEOUT_S)
         if job.state is not JobState.LOST:
             raise DemoFailure(f"{crash.label} ended {job.state.value} ({job.error_code}), expected lost")
-        self.log(f"the sweeper marked {crash.label} {job.state.value} ({job.error_code}) "
-                 f"{(job.finished_at or 0) - killed_at:.2f} s after the kill")
+        self.log(
+            f"the sweeper marked {crash.label} {job.state.value} ({job.error_code}) "
+            f"{(job.finished_at or 0) - killed_at:.2f} s after the kill"
+        )
         grace = 2 * SWEEP_INTERVAL_S + HEARTBEAT_S
         await asyncio.sleep(grace)  # give a wrongful second run every chance to happen
         job = await self.job(crash)
         value = _read_counter(counter)
         execs = await self.executions(crash)
-        self.log(f"{grace:g} s later: state {job.state.value}, epoch {job.epoch}, {len(execs)} execution, "
-                 f"counter file = {value}")
+        self.log(
+            f"{grace:g} s later: state {job.state.value}, epoch {job.epoch}, {len(execs)} execution, counter file = {value}"
+        )
         self.say("It had passed execution.started, so its effect may have happened (here it did). Tenure")
         self.say("records `lost` and leaves the decision to a person (`tenure requeue`); only an agent")
         self.say("declared retry-safe, with its effects in the journal, is run again automatically.")
@@ -543,17 +572,38 @@ class Demo:
         src = os.path.dirname(os.path.dirname(tenure.__file__))  # the children run this same tenure
         env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
         env.update(
-            TENURE_DATABASE_URL=f"sqlite:///{self.workdir}/gateway.db", TENURE_APP=APP, TENURE_CONCURRENCY="4",
-            TENURE_QUOTAS=f"llm:mock={limit}", TENURE_MODEL_URL=f"http://127.0.0.1:{model_port}/v1",
+            TENURE_DATABASE_URL=f"sqlite:///{self.workdir}/gateway.db",
+            TENURE_APP=APP,
+            TENURE_CONCURRENCY="4",
+            TENURE_QUOTAS=f"llm:mock={limit}",
+            TENURE_MODEL_URL=f"http://127.0.0.1:{model_port}/v1",
             TENURE_LOG_LEVEL="warning",
         )
         model = self._service(
-            [sys.executable, "-m", "tenure.cli", "mock-model", "--port", str(model_port), "--max-concurrency",
-             str(limit), "--latency-ms", "40", "--tokens", "12"], env, "mock-model.log")
+            [
+                sys.executable,
+                "-m",
+                "tenure.cli",
+                "mock-model",
+                "--port",
+                str(model_port),
+                "--max-concurrency",
+                str(limit),
+                "--latency-ms",
+                "40",
+                "--tokens",
+                "12",
+            ],
+            env,
+            "mock-model.log",
+        )
         up = self._service(
-            [sys.executable, "-m", "tenure.cli", "up", "--port", str(gateway_port), "--workers", "2"], env, "up.log")
-        self.log(f"mock model on :{model_port} (answers 429 above {limit} requests in flight); "
-                 f"`tenure up` on :{gateway_port} with TENURE_QUOTAS=llm:mock={limit}")
+            [sys.executable, "-m", "tenure.cli", "up", "--port", str(gateway_port), "--workers", "2"], env, "up.log"
+        )
+        self.log(
+            f"mock model on :{model_port} (answers 429 above {limit} requests in flight); "
+            f"`tenure up` on :{gateway_port} with TENURE_QUOTAS=llm:mock={limit}"
+        )
         url = f"http://127.0.0.1:{gateway_port}"
         async with httpx.AsyncClient(timeout=5) as http:
 
@@ -570,8 +620,9 @@ class Demo:
                     raise DemoFailure(f"`tenure up` did not get ready (see {self.workdir / 'up.log'})")
                 await asyncio.sleep(0.1)
             async with Client(url) as client:
-                ids = [(await client.submit("chat", {"prompt": f"question {i}", "max_tokens": 12}))["id"]
-                       for i in range(jobs)]
+                ids = [
+                    (await client.submit("chat", {"prompt": f"question {i}", "max_tokens": 12}))["id"] for i in range(jobs)
+                ]
                 self.log(f"submitted {jobs} `chat` jobs over HTTP; following the first one's SSE stream:")
                 text, events = [], 0
                 async for event in client.stream(ids[0]):
@@ -582,8 +633,10 @@ class Demo:
                 states = [(await client.wait(i, 60))["state"] for i in ids]
             stats = (await http.get(f"http://127.0.0.1:{model_port}/stats")).json()
         done = sum(1 for st in states if st == "succeeded")
-        self.log(f"{done} of {jobs} chat jobs succeeded; the mock model saw {stats['requests']} requests, "
-                 f"at most {stats['max_in_flight']} at once, and answered 429 {stats['rejected_429']} times")
+        self.log(
+            f"{done} of {jobs} chat jobs succeeded; the mock model saw {stats['requests']} requests, "
+            f"at most {stats['max_in_flight']} at once, and answered 429 {stats['rejected_429']} times"
+        )
         if done != jobs or stats["rejected_429"] != 0 or stats["max_in_flight"] > limit:
             raise DemoFailure(f"gateway step: {done}/{jobs} succeeded, model stats {stats}")
         for proc in (up, model):
@@ -597,26 +650,38 @@ class Demo:
 
     def _service(self, argv: list[str], env: dict[str, str], log_name: str) -> subprocess.Popen[bytes]:
         with open(self.workdir / log_name, "wb") as log_file:
-            proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log_file,
-                                    stderr=subprocess.STDOUT, start_new_session=True, cwd=self.workdir)
+            proc = subprocess.Popen(
+                argv,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                cwd=self.workdir,
+            )
         self.services.append(proc)
         return proc
 
     async def final_table(self) -> None:
         self.section("every job at the end (SUBMIT relative to the demo start; QWAIT and RUN in ms)")
-        header = (f"{'JOB':9} {'AGENT':18} {'STATE':9} {'EPOCH':>5} {'SUBMIT':>7} {'QWAIT':>6} {'RUN':>6}  "
-                  f"{'EXECUTIONS (worker outcome @epoch)':35} NOTE")
+        header = (
+            f"{'JOB':9} {'AGENT':18} {'STATE':9} {'EPOCH':>5} {'SUBMIT':>7} {'QWAIT':>6} {'RUN':>6}  "
+            f"{'EXECUTIONS (worker outcome @epoch)':35} NOTE"
+        )
         print(header)
         print("-" * len(header))
         for t in self.jobs:
             job = await self.job(t)
             execs = await self.executions(t)
             ex = ", ".join(f"{self.name(e.worker_id)} {e.outcome} @{e.epoch}" for e in execs) or "-"
-            print(f"{t.label:9} {job.agent:18} {job.state.value:9} {job.epoch:>5} "
-                  f"{self.rel(job.created_at):>7} {_ms(job.execution_started_at, job.created_at):>6} "
-                  f"{_ms(job.finished_at, job.execution_started_at):>6}  {ex:35} {t.note}")
-        print("QWAIT = execution started - submitted; RUN = finished - started (for a lost job: until the "
-              "sweeper declared it)")
+            print(
+                f"{t.label:9} {job.agent:18} {job.state.value:9} {job.epoch:>5} "
+                f"{self.rel(job.created_at):>7} {_ms(job.execution_started_at, job.created_at):>6} "
+                f"{_ms(job.finished_at, job.execution_started_at):>6}  {ex:35} {t.note}"
+            )
+        print(
+            "QWAIT = execution started - submitted; RUN = finished - started (for a lost job: until the sweeper declared it)"
+        )
 
     async def check_final(self) -> None:
         """Every job ended as the story says: `crash` lost, every other one succeeded."""
@@ -625,8 +690,9 @@ class Demo:
             job = await self.job(t)
             expected = JobState.LOST if t.label == "crash" else JobState.SUCCEEDED
             if job.state is not expected:
-                wrong.append(f"{t.label} is {job.state.value} ({job.error_code}: {job.error_message}), "
-                             f"expected {expected.value}")
+                wrong.append(
+                    f"{t.label} is {job.state.value} ({job.error_code}: {job.error_message}), expected {expected.value}"
+                )
         if wrong:
             raise DemoFailure("; ".join(wrong))
 
@@ -635,14 +701,15 @@ class Demo:
         now = await self.c.store.server_time()
         for t in self.jobs:
             j = await self.job(t)
-            print(f"  {t.label:9} {j.state.value:9} owner {self.name(j.owner):6} epoch {j.epoch} "
-                  f"claimed {self.rel(j.claimed_at)} expires {self.rel(j.claim_expires_at)} "
-                  f"started {self.rel(j.execution_started_at)} finished {self.rel(j.finished_at)}")
+            print(
+                f"  {t.label:9} {j.state.value:9} owner {self.name(j.owner):6} epoch {j.epoch} "
+                f"claimed {self.rel(j.claimed_at)} expires {self.rel(j.claim_expires_at)} "
+                f"started {self.rel(j.execution_started_at)} finished {self.rel(j.finished_at)}"
+            )
         for info in await self.c.workers(include_gone=True):
             beat = f"{now - info.last_heartbeat:.2f}s ago" if info.last_heartbeat else "never"
             held = ", ".join(self.label_of(j) for j in info.jobs_held) or "-"
-            print(f"  {self.name(info.id):6} pid {info.pid} {info.state.value:8} heartbeat {beat}, "
-                  f"holds {held}")
+            print(f"  {self.name(info.id):6} pid {info.pid} {info.state.value:8} heartbeat {beat}, holds {held}")
 
 
 def _free_port() -> int:

@@ -66,8 +66,13 @@ async def diagnose(settings: Settings, *, max_skew_s: float = 1.0) -> Report:
     from tenure.app import open_store
 
     report = Report()
-    report.add("tenure", "ok", f"tenure {tenure.__version__}, Python {platform.python_version()}",
-               tenure=tenure.__version__, python=platform.python_version())
+    report.add(
+        "tenure",
+        "ok",
+        f"tenure {tenure.__version__}, Python {platform.python_version()}",
+        tenure=tenure.__version__,
+        python=platform.python_version(),
+    )
     try:
         store = await open_store(settings, migrate=False)
     except (TenureError, OSError) as exc:
@@ -87,22 +92,43 @@ async def diagnose(settings: Settings, *, max_skew_s: float = 1.0) -> Report:
 async def _check_store(report: Report, store: Store, settings: Settings, max_skew_s: float) -> None:
     try:
         version = await store.server_version()  # type: ignore[attr-defined]
-        report.add("store", "ok", f"{store.dialect} {version} at {_redact(settings.database_url)}",
-                   dialect=store.dialect, version=version)
+        report.add(
+            "store",
+            "ok",
+            f"{store.dialect} {version} at {_redact(settings.database_url)}",
+            dialect=store.dialect,
+            version=version,
+        )
         skew, uncertainty = await _skew(store.server_time)
         status = "ok" if abs(skew) <= max_skew_s else "fail"
-        report.add("clock", status, f"database clock {skew:+.3f} s from this machine (±{uncertainty:.3f} s)",
-                   skew_s=skew, uncertainty_s=uncertainty, max_skew_s=max_skew_s)
+        report.add(
+            "clock",
+            status,
+            f"database clock {skew:+.3f} s from this machine (±{uncertainty:.3f} s)",
+            skew_s=skew,
+            uncertainty_s=uncertainty,
+            max_skew_s=max_skew_s,
+        )
         level = await store.schema_version()
         latest = store.latest_schema_version()  # type: ignore[attr-defined]
         if level == latest:
             report.add("schema", "ok", f"at version {level}", level=level, expected=latest)
         elif level < latest:
-            report.add("schema", "fail", f"at version {level}, this code expects {latest}: run "
-                       "`tenure migrate`", level=level, expected=latest)
+            report.add(
+                "schema",
+                "fail",
+                f"at version {level}, this code expects {latest}: run `tenure migrate`",
+                level=level,
+                expected=latest,
+            )
         else:
-            report.add("schema", "fail", f"at version {level}, newer than this code ({latest}): upgrade "
-                       "tenure", level=level, expected=latest)
+            report.add(
+                "schema",
+                "fail",
+                f"at version {level}, newer than this code ({latest}): upgrade tenure",
+                level=level,
+                expected=latest,
+            )
             return
         if level == 0:
             return
@@ -129,8 +155,9 @@ async def _check_workers(report: Report, store: Store, settings: Settings, now: 
         degraded = by_state.get(WorkerState.DEGRADED.value, 0)
         status = "warn" if degraded else "ok"
         detail = f"{len(alive)} alive ({summary})"
-    report.add("workers", status, detail, alive=len(alive), by_state=by_state,
-               silent=[w.id for w in workers if w not in alive])
+    report.add(
+        "workers", status, detail, alive=len(alive), by_state=by_state, silent=[w.id for w in workers if w not in alive]
+    )
 
 
 async def _check_stuck(report: Report, store: Store, settings: Settings, now: float) -> None:
@@ -142,11 +169,16 @@ async def _check_stuck(report: Report, store: Store, settings: Settings, now: fl
         for job in await store.list_jobs(JobFilter(state=state, limit=STUCK_SCAN_LIMIT)):
             expires = job.claim_expires_at
             if job.owner is not None and expires is not None and expires < now - grace:
-                stuck.append({"job_id": job.id, "state": job.state.value, "owner": job.owner,
-                              "past_ttl_s": round(now - expires, 3)})
+                stuck.append(
+                    {"job_id": job.id, "state": job.state.value, "owner": job.owner, "past_ttl_s": round(now - expires, 3)}
+                )
     if stuck:
-        report.add("stuck_jobs", "fail", f"{len(stuck)} job(s) owned past their claim TTL: is a sweeper "
-                   "running (any live worker runs one)?", jobs=stuck)
+        report.add(
+            "stuck_jobs",
+            "fail",
+            f"{len(stuck)} job(s) owned past their claim TTL: is a sweeper running (any live worker runs one)?",
+            jobs=stuck,
+        )
     else:
         report.add("stuck_jobs", "ok", f"none past their claim TTL ({STUCK_SCAN_LIMIT} newest per state)")
 
@@ -158,9 +190,14 @@ async def _check_redis(report: Report, url: str, max_skew_s: float) -> None:
     try:
         version, _ = await leases.server_info()
         skew, uncertainty = await _skew(lambda: _redis_time(leases))
-        report.add("redis", "ok" if abs(skew) <= max_skew_s else "fail",
-                   f"Redis {version} at {_redact(url)}; clock {skew:+.3f} s (±{uncertainty:.3f} s)",
-                   version=version, skew_s=skew, uncertainty_s=uncertainty)
+        report.add(
+            "redis",
+            "ok" if abs(skew) <= max_skew_s else "fail",
+            f"Redis {version} at {_redact(url)}; clock {skew:+.3f} s (±{uncertainty:.3f} s)",
+            version=version,
+            skew_s=skew,
+            uncertainty_s=uncertainty,
+        )
     except TenureError as exc:
         report.add("redis", "fail", f"{_redact(url)}: {exc}")
     finally:

@@ -1,16 +1,16 @@
 """The bundled example agents: `tenure.examples:app`. Each one demonstrates one runtime behaviour.
 
-    echo                return the input
-    sleep               async sleep, emitting progress events           {"seconds": 1.0, "every": 0.2}
-    stream              emit `count` events as fast as possible          {"count": 1000}
-    flaky               fail the first N attempts, then succeed          {"fail_times": 2}
-    blocking            sync I/O through ctx.to_thread                   {"seconds": 0.2}
-    crash_after_effect  increment a counter file, then sleep (crash tests) {"counter": "/tmp/c", "seconds": 30}
-    converse            echo each input sent to the job until "bye"      (POST /v1/jobs/{id}/input)
-    publish             ask for an approval, then publish or not         (POST /v1/jobs/{id}/approve)
-    hang                sleep past its 0.5 s timeout (the circuit breaker counts the timeouts)
-    chat                stream a reply from the model at TENURE_MODEL_URL under the quota `llm:mock`
-                                                                         {"prompt": "hello", "max_tokens": 16}
+echo                return the input
+sleep               async sleep, emitting progress events           {"seconds": 1.0, "every": 0.2}
+stream              emit `count` events as fast as possible          {"count": 1000}
+flaky               fail the first N attempts, then succeed          {"fail_times": 2}
+blocking            sync I/O through ctx.to_thread                   {"seconds": 0.2}
+crash_after_effect  increment a counter file, then sleep (crash tests) {"counter": "/tmp/c", "seconds": 30}
+converse            echo each input sent to the job until "bye"      (POST /v1/jobs/{id}/input)
+publish             ask for an approval, then publish or not         (POST /v1/jobs/{id}/approve)
+hang                sleep past its 0.5 s timeout (the circuit breaker counts the timeouts)
+chat                stream a reply from the model at TENURE_MODEL_URL under the quota `llm:mock`
+                                                                     {"prompt": "hello", "max_tokens": 16}
 """
 
 from __future__ import annotations
@@ -150,7 +150,8 @@ async def _model_client(ctx: Context) -> Any:
     client = _http.get("client")
     if client is None:
         client = await ctx.to_thread(
-            httpx.AsyncClient, timeout=httpx.Timeout(30.0, connect=5.0),
+            httpx.AsyncClient,
+            timeout=httpx.Timeout(30.0, connect=5.0),
             limits=httpx.Limits(max_connections=64, max_keepalive_connections=64),
         )
         _http["client"] = client
@@ -184,7 +185,7 @@ async def chat(ctx: Context, input: Any) -> dict[str, Any]:
             async for line in response.aiter_lines():
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
-                chunk = json.loads(line[len("data: "):])
+                chunk = json.loads(line[len("data: ") :])
                 usage = chunk.get("usage") or usage
                 for choice in chunk.get("choices", []):
                     text = choice.get("delta", {}).get("content")

@@ -198,9 +198,7 @@ class MockModel:
             return JSONResponse(_error_body(str(exc), "invalid_request_error", None, exc.param), 400)
         if not self._try_enter():
             message = f"Rate limit reached: {self.max_concurrency} requests already in flight on {ask.model}"
-            return JSONResponse(
-                _error_body(message, "requests", "rate_limit_exceeded"), 429, headers={"retry-after": "1"}
-            )
+            return JSONResponse(_error_body(message, "requests", "rate_limit_exceeded"), 429, headers={"retry-after": "1"})
         self._next_id += 1
         completion_id = f"chatcmpl-mock{self._next_id:08d}"
         if ask.stream:

@@ -43,8 +43,11 @@ async def observe_event_loop(
     counter; stalls over `stall_threshold_s` are logged with the blocking task's stack) for the duration of
     the block. With `metrics_port`, also serve `/metrics` from a thread (0 picks a free port)."""
     sampler = LagSampler(
-        interval_s=interval_s, threshold_s=stall_threshold_s, window_s=window_s,
-        on_sample=metrics.lag_sample_recorder(role, name), on_stall=metrics.stall_recorder(role, name),
+        interval_s=interval_s,
+        threshold_s=stall_threshold_s,
+        window_s=window_s,
+        on_sample=metrics.lag_sample_recorder(role, name),
+        on_stall=metrics.stall_recorder(role, name),
     )
     unwatch = metrics.watch_lag(sampler, role, name)
     # Multiprocess mode (`tenure up`): the scrape happens elsewhere, so copy watched numbers every second.

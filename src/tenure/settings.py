@@ -110,9 +110,7 @@ class Settings:
             )
         scheme = self.database_url.split(":", 1)[0]
         if scheme not in ("sqlite", "postgresql", "postgres", "postgresql+asyncpg"):
-            raise ConfigError(
-                f"TENURE_DATABASE_URL {self.database_url!r}: expected sqlite:///path.db or postgresql://..."
-            )
+            raise ConfigError(f"TENURE_DATABASE_URL {self.database_url!r}: expected sqlite:///path.db or postgresql://...")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:

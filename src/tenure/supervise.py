@@ -64,9 +64,7 @@ class Child:
         log.info("%s started (pid %d)", self.name, self.proc.pid)
 
 
-async def supervise(
-    *, host: str, port: int, workers: int, inline: bool, env: dict[str, str], drain_timeout_s: float
-) -> int:
+async def supervise(*, host: str, port: int, workers: int, inline: bool, env: dict[str, str], drain_timeout_s: float) -> int:
     """Run until SIGINT / SIGTERM; return 0 after a clean stop."""
     exe = [sys.executable, "-m", "tenure.cli"]
     children = [

@@ -45,7 +45,6 @@ def mock_model() -> Iterator[str]:
         stop_process(process)
 
 
-
 def worker_pids(up: Up) -> list[int]:
     """The `tenure worker` processes below the supervisor (the gateway is left alone)."""
     out = []
@@ -179,8 +178,5 @@ async def test_two_hundred_chat_jobs_through_the_gateway_never_draw_a_429_while_
         job = jobs[end["job_id"]]
         # The deltas of the attempt that succeeded spell its result (a lost attempt's deltas stay in the
         # history under an older epoch).
-        text = "".join(
-            e["payload"]["text"] for e in events if e["type"] == "message.delta" and e["epoch"] == end["epoch"]
-        )
+        text = "".join(e["payload"]["text"] for e in events if e["type"] == "message.delta" and e["epoch"] == end["epoch"])
         assert text == job["result"]["text"]
-

@@ -21,7 +21,12 @@ def tenure(
     full = {k: v for k, v in os.environ.items() if not k.startswith("TENURE_")}
     full.update({"TENURE_DATABASE_URL": url, **(env or {})})
     return subprocess.run(
-        [PYTHON, "-m", "tenure.cli", *args], input=stdin, capture_output=True, text=True, env=full, cwd=ROOT,
+        [PYTHON, "-m", "tenure.cli", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        env=full,
+        cwd=ROOT,
         timeout=60,
     )
 
@@ -88,8 +93,20 @@ def test_idempotency_key_replay_and_conflict(sqlite_database_url: str) -> None:
 def test_a_job_out_of_attempts_is_dead_listed_and_requeued(database_url: str, tmp_path: Path) -> None:
     worker = WorkerProc(database_url, tmp_path, "w", env={**FAST})
     try:
-        out = tenure(database_url, "submit", "flaky", "--input", '{"fail_times": 5}', "--max-attempts", "2",
-                     "--wait", "--timeout", "60", "--json", env={"TENURE_POLL_S": "0.2"})
+        out = tenure(
+            database_url,
+            "submit",
+            "flaky",
+            "--input",
+            '{"fail_times": 5}',
+            "--max-attempts",
+            "2",
+            "--wait",
+            "--timeout",
+            "60",
+            "--json",
+            env={"TENURE_POLL_S": "0.2"},
+        )
         assert out.returncode == 1, out.stderr
         job = json.loads(out.stdout)
         assert job["state"] == "dead" and job["attempts"] == 2 and "after 2 attempts" in job["error_message"]

@@ -33,7 +33,8 @@ def _processes_mentioning(text: str) -> list[int]:
     """Live processes whose command line contains `text` (the demo passes its database URL to each worker)."""
     needle = text.encode()
     return [
-        int(p.name) for p in Path("/proc").iterdir()
+        int(p.name)
+        for p in Path("/proc").iterdir()
         if p.name.isdigit() and int(p.name) != os.getpid() and needle in (_cmdline(int(p.name)) or b"")
     ]
 
@@ -55,7 +56,10 @@ def _kill(pids: list[int]) -> None:
 def test_demo_tells_the_story_and_leaves_no_worker_behind() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TENURE_")}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tenure.demo"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+        [sys.executable, "-m", "tenure.demo"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=env,
         start_new_session=True,
     )
     timed_out = False
@@ -99,8 +103,11 @@ def test_demo_tells_the_story_and_leaves_no_worker_behind() -> None:
     assert "the sweeper marked crash lost (owner_lost)" in out, out
     assert re.search(r"state lost, epoch 1, 1 execution, counter file = 1\b", out), out
     # step 6: the gateway, two workers and the mock model under a quota of 4
-    assert re.search(r"(\d+) of \1 chat jobs succeeded; the mock model saw \d+ requests, at most [1-4] at once, "
-                     r"and answered 429 0 times", out), out
+    assert re.search(
+        r"(\d+) of \1 chat jobs succeeded; the mock model saw \d+ requests, at most [1-4] at once, "
+        r"and answered 429 0 times",
+        out,
+    ), out
     assert re.search(r"\d+ events, streamed tokens: '.+'", out), out
     assert "`tenure up` and the mock model stopped cleanly" in out, out
     assert re.search(r"^crash\s+crash_after_effect\s+lost\s+1\s", out, re.M), out

@@ -16,8 +16,15 @@ async def doctor(database_url: str, **env: str) -> tuple[int, dict]:  # type: ig
     full = {k: v for k, v in os.environ.items() if not k.startswith("TENURE_")}
     full.update(FAST, TENURE_DATABASE_URL=database_url, **env)
     proc = await asyncio.create_subprocess_exec(
-        PYTHON, "-m", "tenure.cli", "doctor", "--json", env=full, cwd=ROOT,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        PYTHON,
+        "-m",
+        "tenure.cli",
+        "doctor",
+        "--json",
+        env=full,
+        cwd=ROOT,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
     )
     out, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode is not None

@@ -12,8 +12,14 @@ from tests.conftest import PYTHON, ROOT
 def test_quickstart_runs_and_shows_a_retry_and_a_stream(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TENURE_")}
     env["TENURE_DATABASE_URL"] = f"sqlite:///{tmp_path}/q.db"
-    out = subprocess.run([PYTHON, str(Path(ROOT) / "examples" / "quickstart.py")], capture_output=True, text=True,
-                         env=env, timeout=90, cwd=tmp_path)
+    out = subprocess.run(
+        [PYTHON, str(Path(ROOT) / "examples" / "quickstart.py")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=90,
+        cwd=tmp_path,
+    )
     assert out.returncode == 0, out.stderr
     assert "greet      succeeded attempts=1 result={'greeting': 'hello Tenure'}" in out.stdout
     assert "unreliable succeeded attempts=2" in out.stdout

@@ -51,9 +51,7 @@ def is_problem(r: httpx.Response, status: int) -> dict[str, Any]:
     return body  # type: ignore[no-any-return]
 
 
-async def wait_state(
-    c: httpx.AsyncClient, job_id: str, states: set[str], timeout_s: float = 20
-) -> dict[str, Any]:
+async def wait_state(c: httpx.AsyncClient, job_id: str, states: set[str], timeout_s: float = 20) -> dict[str, Any]:
     async with asyncio.timeout(timeout_s):
         while True:
             job = (await c.get(f"/v1/jobs/{job_id}")).json()
@@ -84,9 +82,7 @@ async def test_submit_runs_the_job_and_streams_it_to_its_terminal_event(a: httpx
     assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
     again = await sse(a, job["id"], events[2]["id"])  # resume after the third
     assert again == events[3:]
-    page = (
-        await a.get(f"/v1/jobs/{job['id']}/events", params={"format": "json", "after": events[0]["id"]})
-    ).json()
+    page = (await a.get(f"/v1/jobs/{job['id']}/events", params={"format": "json", "after": events[0]["id"]})).json()
     assert page["events"] == events[1:] and page["next"] == events[-1]["id"]
     assert (await a.get(f"/v1/jobs/{job['id']}")).json()["result"] == {"slept_s": 0.3}
 
@@ -100,9 +96,7 @@ async def test_idempotency_replays_the_original_and_refuses_a_different_body(
     assert (first.status_code, replay.status_code) == (201, 200)
     assert first.json()["id"] == replay.json()["id"]
     conflict = is_problem(
-        await a.post(
-            "/v1/jobs", json={"agent": "echo", "input": {"n": 2}}, headers={"Idempotency-Key": "order-1"}
-        ),
+        await a.post("/v1/jobs", json={"agent": "echo", "input": {"n": 2}}, headers={"Idempotency-Key": "order-1"}),
         409,
     )
     assert conflict["existing_job_id"] == first.json()["id"]
@@ -112,9 +106,7 @@ async def test_idempotency_replays_the_original_and_refuses_a_different_body(
 
 async def test_a_hundred_concurrent_submits_with_one_key_make_one_job(a: httpx.AsyncClient) -> None:
     body = {"agent": "echo", "input": {"burst": True}}
-    rs = await asyncio.gather(
-        *(a.post("/v1/jobs", json=body, headers={"Idempotency-Key": "burst"}) for _ in range(100))
-    )
+    rs = await asyncio.gather(*(a.post("/v1/jobs", json=body, headers={"Idempotency-Key": "burst"}) for _ in range(100)))
     ids = {r.json()["id"] for r in rs}
     assert len(ids) == 1 and len(rs) == 100
     assert sorted(r.status_code for r in rs) == [200] * 99 + [201]
@@ -153,14 +145,10 @@ async def test_requests_without_a_valid_key_are_refused(up: Up) -> None:
         assert (await anon.get("/openapi.json")).json()["openapi"].startswith("3.")
 
 
-async def test_bad_requests_get_clear_problems_and_write_nothing(
-    a: httpx.AsyncClient, admin: httpx.AsyncClient
-) -> None:
+async def test_bad_requests_get_clear_problems_and_write_nothing(a: httpx.AsyncClient, admin: httpx.AsyncClient) -> None:
     before = len((await admin.get("/v1/jobs", params={"limit": 500})).json()["jobs"])
     post = a.post
-    is_problem(
-        await post("/v1/jobs", content=b"{not json", headers={"Content-Type": "application/json"}), 400
-    )
+    is_problem(await post("/v1/jobs", content=b"{not json", headers={"Content-Type": "application/json"}), 400)
     is_problem(await post("/v1/jobs", content=b""), 400)
     is_problem(await post("/v1/jobs", json=[1, 2]), 422)
     is_problem(await post("/v1/jobs", json={"input": 1}), 422)  # no agent
@@ -228,11 +216,7 @@ async def test_input_and_approval_pause_the_job_and_resume_it(a: httpx.AsyncClie
     done = await wait_state(a, job["id"], {"succeeded", "failed", "dead"})
     assert done["state"] == "succeeded" and done["result"] == {"turns": 1}
     types = [e["type"] for e in await sse(a, job["id"])]
-    assert (
-        types[:2] == ["execution.started", "job.waiting"]
-        and "message" in types
-        and types[-1] == "job.succeeded"
-    )
+    assert types[:2] == ["execution.started", "job.waiting"] and "message" in types and types[-1] == "job.succeeded"
     is_problem(await a.post(f"/v1/jobs/{job['id']}/input", json={"input": "late"}), 409)
 
     pub = (await a.post("/v1/jobs", json={"agent": "publish", "input": {"title": "t"}})).json()
@@ -250,7 +234,11 @@ async def test_a_retried_job_streams_its_epochs_in_order_with_one_terminal_event
     job = (await a.post("/v1/jobs", json={"agent": "flaky", "input": {"fail_times": 1}})).json()
     events = await sse(a, job["id"])
     assert [(e["epoch"], e["type"]) for e in events] == [
-        (1, "execution.started"), (1, "execution.retrying"), (2, "execution.started"), (2, "job.succeeded")]
+        (1, "execution.started"),
+        (1, "execution.retrying"),
+        (2, "execution.started"),
+        (2, "job.succeeded"),
+    ]
     cursors = [(e["epoch"], e["seq"]) for e in events]
     assert cursors == sorted(set(cursors))
     resumed = await sse(a, job["id"], events[1]["id"])  # from the end of epoch 1: epoch 2 only

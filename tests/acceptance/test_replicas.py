@@ -29,11 +29,18 @@ def two_gateways(pg_database_url: str, tmp_path: Path) -> Iterator[tuple[Up, str
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("TENURE_")}
     env.update(CAPS)
-    env.update({"TENURE_DATABASE_URL": pg_database_url, "PYTHONPATH": str(ROOT),
-                "TENURE_API_KEYS": ",".join(f"{t}:{k}" for t, k in KEYS.items()), "TENURE_ADMIN_KEY": ADMIN_KEY})
+    env.update(
+        {
+            "TENURE_DATABASE_URL": pg_database_url,
+            "PYTHONPATH": str(ROOT),
+            "TENURE_API_KEYS": ",".join(f"{t}:{k}" for t, k in KEYS.items()),
+            "TENURE_ADMIN_KEY": ADMIN_KEY,
+        }
+    )
     log = open(tmp_path / "gateway-b.log", "wb")  # closed below
-    second = subprocess.Popen([PYTHON, "-m", "tenure.cli", "gateway", "--port", str(port)], env=env, stdout=log,
-                              stderr=subprocess.STDOUT, cwd=ROOT)
+    second = subprocess.Popen(
+        [PYTHON, "-m", "tenure.cli", "gateway", "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 30
@@ -54,8 +61,10 @@ def two_gateways(pg_database_url: str, tmp_path: Path) -> Iterator[tuple[Up, str
 async def test_two_gateways_share_idempotency_caps_and_streams(two_gateways: tuple[Up, str]) -> None:
     up, url_b = two_gateways
     h = up.headers("tenant-a")
-    async with httpx.AsyncClient(base_url=up.url, headers=h, timeout=30) as a, \
-            httpx.AsyncClient(base_url=url_b, headers=h, timeout=30) as b:
+    async with (
+        httpx.AsyncClient(base_url=up.url, headers=h, timeout=30) as a,
+        httpx.AsyncClient(base_url=url_b, headers=h, timeout=30) as b,
+    ):
         body = {"agent": "echo", "input": {"replica": True}}
         key = {"Idempotency-Key": "across"}
         rs = await asyncio.gather(*(c.post("/v1/jobs", json=body, headers=key) for c in [a, b] * 20))

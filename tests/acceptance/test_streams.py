@@ -81,9 +81,7 @@ async def test_seed_000_a_short_job_on_a_busy_connection_starts_on_an_idle_worke
     connection starts on an idle worker within 100 ms (server clock: created_at → execution_started_at) and
     its events reach the original connection."""
     url = up3.url.replace("http", "ws") + "/v1/ws"
-    async with websockets.connect(
-        url, additional_headers={"Authorization": f"Bearer {KEYS['tenant-a']}"}
-    ) as ws:
+    async with websockets.connect(url, additional_headers={"Authorization": f"Bearer {KEYS['tenant-a']}"}) as ws:
 
         async def until(pred: Any) -> dict[str, Any]:
             while True:
@@ -92,9 +90,7 @@ async def test_seed_000_a_short_job_on_a_busy_connection_starts_on_an_idle_worke
                     return frame  # type: ignore[no-any-return]
 
         await ws.send(
-            json.dumps(
-                {"op": "submit", "ref": "long", "agent": "sleep", "input": {"seconds": 30}, "subscribe": True}
-            )
+            json.dumps({"op": "submit", "ref": "long", "agent": "sleep", "input": {"seconds": 30}, "subscribe": True})
         )
         long_job = (await until(lambda f: f.get("op") == "submitted"))["job"]
         started = await until(lambda f: f.get("op") == "event" and f["event"]["type"] == "execution.started")
@@ -106,19 +102,11 @@ async def test_seed_000_a_short_job_on_a_busy_connection_starts_on_an_idle_worke
         shorts = []
         for n in range(3):
             ref = f"short-{n}"
-            await ws.send(
-                json.dumps(
-                    {"op": "submit", "ref": ref, "agent": "echo", "input": {"q": n}, "subscribe": True}
-                )
-            )
-            short_job = (await until(lambda f, ref=ref: f.get("op") == "submitted" and f["ref"] == ref))[
-                "job"
-            ]
+            await ws.send(json.dumps({"op": "submit", "ref": ref, "agent": "echo", "input": {"q": n}, "subscribe": True}))
+            short_job = (await until(lambda f, ref=ref: f.get("op") == "submitted" and f["ref"] == ref))["job"]
             seen: list[dict[str, Any]] = []
             while not seen or seen[-1]["type"] != "job.succeeded":
-                frame = await until(
-                    lambda f, jid=short_job["id"]: f.get("op") == "event" and f["job_id"] == jid
-                )
+                frame = await until(lambda f, jid=short_job["id"]: f.get("op") == "event" and f["job_id"] == jid)
                 seen.append(frame["event"])
             assert [e["type"] for e in seen] == ["execution.started", "job.succeeded"]
             assert seen[0]["payload"]["worker_id"] != long_worker  # not queued behind the long job

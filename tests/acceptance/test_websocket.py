@@ -151,9 +151,7 @@ async def test_a_socket_that_never_reads_is_closed_and_others_are_served(up: Up)
     )
     assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 101")
     writer.write(
-        _client_frame(
-            json.dumps({"op": "submit", "agent": "stream", "input": {"count": 60000}, "subscribe": True})
-        )
+        _client_frame(json.dumps({"op": "submit", "agent": "stream", "input": {"count": 60000}, "subscribe": True}))
     )
     await writer.drain()
     try:

@@ -43,9 +43,7 @@ from tenure.contracts.errors import LeasesUnavailable
 from tenure.contracts.store import LeaseRef, Leases, line_key, new_ticket
 
 # tests/conftest.py starts a private redis-server (PRIVATE_TEST_REDIS_URL) unless one is named.
-REDIS_URL = os.environ.get("TENURE_TEST_REDIS_URL") or os.environ.get(
-    "PRIVATE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0"
-)
+REDIS_URL = os.environ.get("TENURE_TEST_REDIS_URL") or os.environ.get("PRIVATE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
 # Test clients name their version, as `RedisLeases` does: otherwise redis-py reads it from the package
 # metadata (a blocking file read) on the event loop for every new connection.
@@ -487,9 +485,7 @@ async def _sample_holder_counts(leases: Leases, key: str, until: asyncio.Event, 
 
 
 @pytest.mark.slow
-async def test_limit_holds_under_contention_from_fifty_processes(
-    backend: str, namespace: str, leases: Leases
-) -> None:
+async def test_limit_holds_under_contention_from_fifty_processes(backend: str, namespace: str, leases: Leases) -> None:
     limit = 5
     config = SwarmConfig(
         backend=backend,
@@ -614,17 +610,13 @@ async def test_redis_scores_are_expiries_on_the_redis_clock(
     assert 19_000 < await raw_redis.pttl(key) <= 20_000
 
 
-async def test_redis_key_life_is_extended_never_shortened(
-    redis_leases: RedisLeases, raw_redis: redis.asyncio.Redis
-) -> None:
+async def test_redis_key_life_is_extended_never_shortened(redis_leases: RedisLeases, raw_redis: redis.asyncio.Redis) -> None:
     assert await redis_leases.acquire("mixed", "long", limit=2, ttl_s=30)
     assert await redis_leases.acquire("mixed", "short", limit=2, ttl_s=0.1)
     assert await raw_redis.pttl(redis_leases.prefix + "mixed") > 55_000
 
 
-async def test_redis_from_client_leaves_the_callers_client_open(
-    namespace: str, raw_redis: redis.asyncio.Redis
-) -> None:
+async def test_redis_from_client_leaves_the_callers_client_open(namespace: str, raw_redis: redis.asyncio.Redis) -> None:
     shared = RedisLeases.from_client(raw_redis, prefix=_redis_prefix(namespace))
     assert await shared.acquire("k", "a", limit=1, ttl_s=30)
     await shared.close()

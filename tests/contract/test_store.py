@@ -44,8 +44,9 @@ async def submit(store: Store, agent: str = "echo", input: object = None, **kw: 
     return (await admission(store).submit(JobRequest(agent, input, **kw))).job_id  # type: ignore[arg-type]
 
 
-async def claim_one(store: Store, worker: str = W1, ttl: float = TTL, agents: tuple[str, ...] = ("echo", "safe"),
-                    caps: tuple[str, ...] = ()) -> Claim:
+async def claim_one(
+    store: Store, worker: str = W1, ttl: float = TTL, agents: tuple[str, ...] = ("echo", "safe"), caps: tuple[str, ...] = ()
+) -> Claim:
     claims = await store.claim(worker, agents, caps, 1, ttl)
     assert len(claims) == 1
     return claims[0]
@@ -58,8 +59,14 @@ async def start_one(store: Store, claim: Claim, worker: str = W1) -> str:
     return execution_id
 
 
-def finish(fence: Fence, execution_id: str, state: JobState = JobState.SUCCEEDED, seq: int = 2,
-           result: object = None, delay: float = 0.0) -> Finish:
+def finish(
+    fence: Fence,
+    execution_id: str,
+    state: JobState = JobState.SUCCEEDED,
+    seq: int = 2,
+    result: object = None,
+    delay: float = 0.0,
+) -> Finish:
     return Finish(fence, execution_id, 0.0, state, seq, json.dumps(result), None, None, delay)
 
 
@@ -161,7 +168,8 @@ async def test_claim_and_start_runs_each_claimable_job_once_in_one_step(store: S
         assert job.execution_id == started.execution_id and job.execution_started_at is not None
         events = await store.read_events(claim.fence.job_id, None, 10)
         assert [(e.type, e.epoch, e.seq, e.execution_id) for e in events] == [
-            ("execution.started", 1, 1, started.execution_id)]
+            ("execution.started", 1, 1, started.execution_id)
+        ]
         # The fence it returns is the one every later write must carry.
         assert await store.finish(W1, [finish(started.fence, started.execution_id)]) == [claim.fence.job_id]
     # W2's claim is untouched: still claimed, unstarted, and its own start CAS still matches.
@@ -177,9 +185,7 @@ async def test_finish_and_claim_is_the_finish_cas_then_claim_and_start(store: St
     stale = finish(Fence(f.job_id, f.epoch, f.token + 1), started.execution_id)
     assert await store.finish_and_claim(W1, [stale], ["echo"], [], 5, TTL) == ([], [])
     nxt = await submit(store)
-    done, pairs = await store.finish_and_claim(
-        W1, [finish(f, started.execution_id, result={"n": 1})], ["echo"], [], 5, TTL
-    )
+    done, pairs = await store.finish_and_claim(W1, [finish(f, started.execution_id, result={"n": 1})], ["echo"], [], 5, TTL)
     assert done == [f.job_id] and [c.fence.job_id for c, _ in pairs] == [nxt]
     job = await store.get_job(f.job_id)
     assert job is not None and job.state is JobState.SUCCEEDED and job.result == {"n": 1}
@@ -285,8 +291,7 @@ async def test_retryable_failure_goes_scheduled_then_back_to_the_queue(store: St
     execution_2 = await start_one(store, second)
     assert await store.finish(W1, [finish(second.fence, execution_2)]) == [job_id]
     types = [(e.epoch, e.type) for e in await store.read_events(job_id, None, 10)]
-    assert types == [(1, "execution.started"), (1, "execution.retrying"), (2, "execution.started"),
-                     (2, "job.succeeded")]
+    assert types == [(1, "execution.started"), (1, "execution.retrying"), (2, "execution.started"), (2, "job.succeeded")]
     assert [e.outcome for e in await store.list_executions(job_id)] == ["failed", "succeeded"]
 
 
@@ -337,7 +342,11 @@ async def test_a_lost_retry_safe_job_is_queued_again_until_attempts_run_out(stor
     job = await store.get_job(job_id)
     assert job is not None and job.state is JobState.DEAD and job.attempts == 2
     assert [e.type for e in await store.read_events(job_id, None, 10)] == [
-        "execution.started", "execution.lost", "execution.started", "job.dead"]
+        "execution.started",
+        "execution.lost",
+        "execution.started",
+        "job.dead",
+    ]
 
 
 async def test_queued_jobs_past_their_deadline_expire(store: Store) -> None:
@@ -357,7 +366,9 @@ async def test_silent_workers_are_marked_gone(store: Store) -> None:
     assert (await store.sweep(0.2)).workers_gone == [W1]
     assert [w.id for w in await store.list_workers()] == [W2]
     assert {w.id: w.state for w in await store.list_workers(include_gone=True)} == {
-        W1: WorkerState.GONE, W2: WorkerState.ACTIVE}
+        W1: WorkerState.GONE,
+        W2: WorkerState.ACTIVE,
+    }
 
 
 async def test_list_workers_shows_the_jobs_each_holds(store: Store) -> None:
@@ -365,8 +376,7 @@ async def test_list_workers_shows_the_jobs_each_holds(store: Store) -> None:
     job_id = await submit(store)
     await claim_one(store)
     (w,) = await store.list_workers()
-    assert (w.id, w.host, w.pid, w.concurrency, w.capabilities, w.jobs_held) == (
-        W1, "host-a", 42, 3, ("gpu",), (job_id,))
+    assert (w.id, w.host, w.pid, w.concurrency, w.capabilities, w.jobs_held) == (W1, "host-a", 42, 3, ("gpu",), (job_id,))
 
 
 async def test_requeue_puts_a_dead_job_back_and_refuses_the_others(store: Store) -> None:
@@ -469,8 +479,7 @@ async def test_cancel_answers_by_the_jobs_state(store: Store) -> None:
     assert await store.cancel(queued, tenant="a") is ControlOutcome.ACCEPTED  # unowned: cancelled at once
     job = await store.get_job(queued)
     assert job is not None and job.state is JobState.CANCELLED and job.cancel_requested_at is not None
-    assert [(e.epoch, e.seq, e.type) for e in await store.read_events(queued, None, 10)] == [
-        (0, 1, "job.cancelled")]
+    assert [(e.epoch, e.seq, e.type) for e in await store.read_events(queued, None, 10)] == [(0, 1, "job.cancelled")]
     assert await store.cancel(queued) is ControlOutcome.ALREADY_FINISHED
     assert await store.claim(W1, ["echo"], [], 5, TTL) == []
 
@@ -492,11 +501,12 @@ async def test_commands_are_persisted_in_order_only_for_unfinished_jobs(store: S
     job_id = await submit(store, tenant="a")
     assert await store.send_command(job_id, "b", "input", "1") is ControlOutcome.UNKNOWN
     assert await store.send_command(job_id, "a", "input", json.dumps({"text": "hi"})) is ControlOutcome.REQUESTED
-    assert await store.send_command(job_id, None, "approve", json.dumps({"approved": True})) is (
-        ControlOutcome.REQUESTED)
+    assert await store.send_command(job_id, None, "approve", json.dumps({"approved": True})) is (ControlOutcome.REQUESTED)
     commands = await store.read_commands(job_id, 0)
     assert [(c.seq, c.kind, c.payload) for c in commands] == [
-        (1, "input", {"text": "hi"}), (2, "approve", {"approved": True})]
+        (1, "input", {"text": "hi"}),
+        (2, "approve", {"approved": True}),
+    ]
     assert [c.seq for c in await store.read_commands(job_id, 1)] == [2]
     await store.cancel(job_id)
     assert await store.send_command(job_id, None, "input", "2") is ControlOutcome.ALREADY_FINISHED
@@ -519,7 +529,11 @@ async def test_set_waiting_is_fenced_and_appends_its_event(store: Store) -> None
     job = await store.get_job(job_id)
     assert job is not None and job.state is JobState.RUNNING
     assert [e.type for e in await store.read_events(job_id, None, 10)] == [
-        "execution.started", "job.waiting", "note", "job.resumed"]
+        "execution.started",
+        "job.waiting",
+        "note",
+        "job.resumed",
+    ]
 
 
 async def test_wait_for_events_tells_of_appended_events(store: Store, database_url: str) -> None:
@@ -581,9 +595,7 @@ async def test_find_idempotent_answers_only_the_tenants_own_key(store: Store) ->
     assert await store.find_idempotent("a", idem_digest("a", "other")) is None
 
 
-async def test_control_hints_and_state_tell_an_owner_of_cancels_and_commands(
-    store: Store, database_url: str
-) -> None:
+async def test_control_hints_and_state_tell_an_owner_of_cancels_and_commands(store: Store, database_url: str) -> None:
     from tenure.app import open_store
     from tenure.settings import Settings
 

@@ -14,9 +14,7 @@ import pytest
 import tenure.mock_model
 
 
-def start_mock_model(
-    max_concurrency: int, latency_ms: float, tokens: int = 8
-) -> tuple[subprocess.Popen[str], str]:
+def start_mock_model(max_concurrency: int, latency_ms: float, tokens: int = 8) -> tuple[subprocess.Popen[str], str]:
     """`python -m tenure.mock_model` on a free port: the process and its base URL (`.../v1`)."""
     src = Path(tenure.mock_model.__file__).resolve().parents[1]
     env = dict(os.environ)

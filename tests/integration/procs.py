@@ -31,9 +31,17 @@ SWEEP = float(FAST["TENURE_SWEEP_INTERVAL_S"])
 class WorkerProc:
     """One `tenure worker` subprocess."""
 
-    def __init__(self, database_url: str, log_dir: Path, name: str, *, concurrency: int = 1,
-                 env: dict[str, str] | None = None, app: str = "tenure.examples:app",
-                 args: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        database_url: str,
+        log_dir: Path,
+        name: str,
+        *,
+        concurrency: int = 1,
+        env: dict[str, str] | None = None,
+        app: str = "tenure.examples:app",
+        args: tuple[str, ...] = (),
+    ) -> None:
         self.name = name
         self.log_path = log_dir / f"{name}.log"
         full_env = {k: v for k, v in os.environ.items() if not k.startswith("TENURE_")}
@@ -43,7 +51,11 @@ class WorkerProc:
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
             [PYTHON, "-m", "tenure.cli", "worker", "--app", app, "--concurrency", str(concurrency), *args],
-            env=full_env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT,
+            env=full_env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=ROOT,
         )
 
     @property
@@ -71,8 +83,7 @@ class WorkerProc:
         self._log.close()
 
 
-async def eventually(check: Callable[[], Awaitable[T | None]], within_s: float, what: str,
-                     interval: float = 0.05) -> T:
+async def eventually(check: Callable[[], Awaitable[T | None]], within_s: float, what: str, interval: float = 0.05) -> T:
     """Poll `check` until it returns something truthy; fail with `what` after `within_s` seconds."""
     deadline = time.monotonic() + within_s
     while True:

@@ -35,7 +35,6 @@ def mock_model() -> Iterator[str]:
         stop_process(process)
 
 
-
 async def test_two_hundred_chat_jobs_never_exceed_the_models_limit_while_workers_are_killed(
     pg_database_url: str, mock_model: str, private_redis: RedisProc, tmp_path: Path
 ) -> None:

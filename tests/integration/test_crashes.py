@@ -62,9 +62,7 @@ async def test_worker_killed_before_start_loses_its_claim_to_another_with_epoch_
     assert (await client.job(job_id)).epoch == 1  # b must not take a job that is still claimed
     a.signal(signal.SIGKILL)
     killed_at = time.time()
-    job = await eventually(
-        lambda: _terminal(client, job_id), TTL + SWEEP + 15, "the job to be re-claimed and finished"
-    )
+    job = await eventually(lambda: _terminal(client, job_id), TTL + SWEEP + 15, "the job to be re-claimed and finished")
     assert job.state is JobState.SUCCEEDED and job.epoch == 2, a.log()
     assert job.execution_started_at is not None
     # Released when the claim expired (a's last renewal + TTL) plus one sweep; b's pickup adds a poll at most.

@@ -94,8 +94,7 @@ def lag_above(samples: Samples, worker_id: str, le: str = "0.1") -> float:
 async def test_seed_000_blocking_on_the_loop_delays_an_unrelated_ticker_and_offloading_does_not(
     sqlite_database_url: str, workers: list[WorkerProc], tmp_path: Path
 ) -> None:
-    w = spawn(workers, sqlite_database_url, tmp_path, "w", concurrency=8,
-              env={"TENURE_STALL_THRESHOLD_S": "0.1"})
+    w = spawn(workers, sqlite_database_url, tmp_path, "w", concurrency=8, env={"TENURE_STALL_THRESHOLD_S": "0.1"})
     url = await metrics_url(w)
     async with connect(APP, sqlite_database_url) as client:
 
@@ -110,8 +109,10 @@ async def test_seed_000_blocking_on_the_loop_delays_an_unrelated_ticker_and_offl
             assert ticker.state is JobState.SUCCEEDED, w.log()
             assert all(j.state is JobState.SUCCEEDED for j in blockers), w.log()
             # The experiment is valid only if every blocking call ran while the ticker was ticking.
-            assert all(j.finished_at is not None and ticker.finished_at is not None
-                       and j.finished_at <= ticker.finished_at for j in blockers)
+            assert all(
+                j.finished_at is not None and ticker.finished_at is not None and j.finished_at <= ticker.finished_at
+                for j in blockers
+            )
             return float(ticker.result["max_late_s"]), await scrape(url)
 
         before = await scrape(url)
@@ -240,9 +241,7 @@ async def test_metrics_of_a_mixed_run_are_served_at_slash_metrics_with_their_lab
         await client.submit("fail_once", {}),
     ]
     jobs = await eventually(lambda: all_terminal(client, ids), 30, "the mixed run to finish", interval=0.1)
-    assert [j.state for j in jobs] == [
-        JobState.SUCCEEDED, JobState.SUCCEEDED, JobState.FAILED, JobState.SUCCEEDED
-    ], w.log()
+    assert [j.state for j in jobs] == [JobState.SUCCEEDED, JobState.SUCCEEDED, JobState.FAILED, JobState.SUCCEEDED], w.log()
     worker_id = jobs[0].owner or (await client.store.list_executions(ids[0]))[0].worker_id
 
     async def scraped_registry() -> Samples | None:

@@ -25,8 +25,14 @@ async def test_an_in_process_worker_and_the_metrics_asgi_app_never_block_the_loo
     url = f"sqlite:///{tmp_path}/t.db"
     store = await open_store(Settings(database_url=url))
     config = WorkerConfig(
-        concurrency=4, heartbeat_s=0.1, claim_ttl_s=0.6, sweep_interval_s=0.1, poll_s=0.1,
-        lag_interval_s=0.02, degraded_lag_s=0.5, degraded_for_s=1.0,
+        concurrency=4,
+        heartbeat_s=0.1,
+        claim_ttl_s=0.6,
+        sweep_interval_s=0.1,
+        poll_s=0.1,
+        lag_interval_s=0.02,
+        degraded_lag_s=0.5,
+        degraded_for_s=1.0,
     )
     worker = Worker(store, app, config)
     unwatch = metrics.watch_adapter(store.offload, "worker", worker.id)  # type: ignore[attr-defined]
@@ -56,7 +62,11 @@ async def test_an_in_process_worker_and_the_metrics_asgi_app_never_block_the_loo
     async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as http:
         response = await http.get("/metrics")
     assert response.status_code == 200
-    names = {s.name: s for f in text_string_to_metric_families(response.text) for s in f.samples
-             if s.labels.get("worker") == worker.id}
+    names = {
+        s.name: s
+        for f in text_string_to_metric_families(response.text)
+        for s in f.samples
+        if s.labels.get("worker") == worker.id
+    }
     assert "event_loop_lag_max_seconds" in names and "tenure_blocking_in_flight" in names
     assert json.dumps(worker.info().to_dict())  # the registry view stays serialisable

@@ -15,11 +15,16 @@ from tests.integration.test_observability import Samples, metrics_url, scrape, v
 APP = "tests.apps.quota_pause_app:app"
 
 
-async def test_approval_releases_the_quota_lease_and_takes_it_back(
-    sqlite_database_url: str, tmp_path: Path
-) -> None:
-    worker = WorkerProc(sqlite_database_url, tmp_path, "w", concurrency=4, app=APP, env={"TENURE_QUOTAS": "k=1"},
-                        args=("--metrics-port", "0"))
+async def test_approval_releases_the_quota_lease_and_takes_it_back(sqlite_database_url: str, tmp_path: Path) -> None:
+    worker = WorkerProc(
+        sqlite_database_url,
+        tmp_path,
+        "w",
+        concurrency=4,
+        app=APP,
+        env={"TENURE_QUOTAS": "k=1"},
+        args=("--metrics-port", "0"),
+    )
     try:
         async with connect(APP, sqlite_database_url) as client:
             holder = await client.submit("hold_and_ask", {})
@@ -36,8 +41,7 @@ async def test_approval_releases_the_quota_lease_and_takes_it_back(
             done = await client.wait(holder, timeout_s=30)
             assert done.state is JobState.SUCCEEDED and done.result == {"approved": True}, worker.log()
             types = [e.type for e in await client.events(holder)]
-            assert types == ["execution.started", "holding", "job.waiting", "job.resumed", "resumed",
-                             "job.succeeded"]
+            assert types == ["execution.started", "holding", "job.waiting", "job.resumed", "resumed", "job.succeeded"]
         url = await metrics_url(worker)
 
         async def quota_exported() -> Samples | None:  # the gauges are written at each quota heartbeat
@@ -54,9 +58,15 @@ async def test_a_fail_open_quota_counts_blocks_run_without_a_lease_on_metrics(
     sqlite_database_url: str, tmp_path: Path
 ) -> None:
     # Nothing listens on port 1: every lease call fails at once, so the fail-open key lets the block through.
-    worker = WorkerProc(sqlite_database_url, tmp_path, "w", concurrency=2, app=APP,
-                        env={"TENURE_QUOTAS": "k=1/fail-open", "TENURE_REDIS_URL": "redis://127.0.0.1:1/0"},
-                        args=("--metrics-port", "0"))
+    worker = WorkerProc(
+        sqlite_database_url,
+        tmp_path,
+        "w",
+        concurrency=2,
+        app=APP,
+        env={"TENURE_QUOTAS": "k=1/fail-open", "TENURE_REDIS_URL": "redis://127.0.0.1:1/0"},
+        args=("--metrics-port", "0"),
+    )
     try:
         async with connect(APP, sqlite_database_url) as client:
             for _ in range(2):

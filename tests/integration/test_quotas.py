@@ -23,9 +23,7 @@ TTL = 5.0
 
 
 @pytest.fixture(params=sorted(BACKENDS))
-async def open_leases(
-    request: pytest.FixtureRequest, namespace: str
-) -> AsyncIterator[Callable[[], Awaitable[Leases]]]:
+async def open_leases(request: pytest.FixtureRequest, namespace: str) -> AsyncIterator[Callable[[], Awaitable[Leases]]]:
     """Open lease backends on one namespace (the first one owns and drops it)."""
     from contextlib import AsyncExitStack
 
@@ -269,9 +267,7 @@ async def a_release_wakes_the_waiter_in_the_other_process(
 
 
 @pytest.mark.parametrize("announced_by", ["manager", "lease script"])
-async def test_waiters_in_other_processes_are_woken_by_a_message_not_by_polling(
-    namespace: str, announced_by: str
-) -> None:
+async def test_waiters_in_other_processes_are_woken_by_a_message_not_by_polling(namespace: str, announced_by: str) -> None:
     prefix = f"tenure-test:{namespace}:lease:"
     chan = f"tenure-test:{namespace}:chan:"
     in_script = announced_by == "lease script"

@@ -21,7 +21,6 @@ pytestmark = pytest.mark.slow
 HEARTBEAT_S = float(FAST["TENURE_HEARTBEAT_S"])
 
 
-
 async def test_five_hundred_jobs_survive_a_flushall_and_a_restart_of_redis_none_lost_none_run_twice(
     pg_database_url: str, private_redis: RedisProc, tmp_path: Path
 ) -> None:
@@ -30,9 +29,7 @@ async def test_five_hundred_jobs_survive_a_flushall_and_a_restart_of_redis_none_
     settings = Settings(database_url=pg_database_url, redis_url=private_redis.url)
     try:
         async with connect("tenure.examples:app", settings=settings) as client:
-            ids = await client.submit_many(
-                [JobRequest("sleep", {"seconds": 0.1, "every": 1}) for _ in range(500)]
-            )
+            ids = await client.submit_many([JobRequest("sleep", {"seconds": 0.1, "every": 1}) for _ in range(500)])
 
             async def finished() -> int:
                 return sum(1 for j in await client.jobs(limit=1000) if j.state.terminal)
@@ -85,4 +82,3 @@ async def test_a_cancel_reaches_a_running_job_through_the_heartbeat_while_redis_
     assert job.cancel_requested_at is not None and job.finished_at is not None
     # Both times are the database's clock: the cancel reached the job at the next heartbeat.
     assert job.finished_at - job.cancel_requested_at <= HEARTBEAT_S + 0.5
-

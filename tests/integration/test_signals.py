@@ -26,8 +26,9 @@ from tests.integration.redisproc import RedisProc
 @pytest.fixture
 async def stores(database_url: str, private_redis: RedisProc) -> AsyncIterator[tuple[Store, Store]]:
     """Two stores on one database and one Redis, as two processes would have: a writer and a reader."""
-    settings = Settings(database_url=database_url, redis_url=private_redis.url,
-                        redis_prefix=f"tenure-test:{uuid.uuid4().hex}:")
+    settings = Settings(
+        database_url=database_url, redis_url=private_redis.url, redis_prefix=f"tenure-test:{uuid.uuid4().hex}:"
+    )
     writer = await open_store(settings)
     reader = await open_store(settings, migrate=False)
     try:
@@ -104,8 +105,11 @@ async def test_events_are_notified_only_without_redis_and_while_a_listener_holds
     bodies: list[str] = []
     await listener.add_listener("tenure_events", lambda *args: bodies.append(args[-1]))
     try:
-        with_redis = await open_store(Settings(database_url=pg_database_url, redis_url=private_redis.url,
-                                               redis_prefix=f"tenure-test:{uuid.uuid4().hex}:"))
+        with_redis = await open_store(
+            Settings(
+                database_url=pg_database_url, redis_url=private_redis.url, redis_prefix=f"tenure-test:{uuid.uuid4().hex}:"
+            )
+        )
         try:
             await subscribed_events(with_redis)
             quiet = await started_job(with_redis)
@@ -159,8 +163,12 @@ async def test_a_cancel_reaches_a_running_job_over_redis_long_before_a_heartbeat
     pg_database_url: str, private_redis: RedisProc, tmp_path: Path
 ) -> None:
     # Heartbeats every 30 s: only the pub/sub hint can bring the cancel to the job within seconds.
-    env = {"TENURE_REDIS_URL": private_redis.url, "TENURE_HEARTBEAT_S": "30", "TENURE_CLAIM_TTL_S": "90",
-           "TENURE_POLL_S": "1"}
+    env = {
+        "TENURE_REDIS_URL": private_redis.url,
+        "TENURE_HEARTBEAT_S": "30",
+        "TENURE_CLAIM_TTL_S": "90",
+        "TENURE_POLL_S": "1",
+    }
     worker = WorkerProc(pg_database_url, tmp_path, "w", env=env)
     settings = Settings(database_url=pg_database_url, redis_url=private_redis.url)
     try:

@@ -34,8 +34,7 @@ async def test_jobs_of_a_worker_quota_agent_are_claimed_only_with_a_global_slot_
     monkeypatch.syspath_prepend(str(tmp_path))
     env = {"TENURE_QUOTAS": "gpu-pool=1", "PYTHONPATH": f"{tmp_path}:{Path(__file__).resolve().parents[2]}"}
     workers = [
-        WorkerProc(sqlite_database_url, tmp_path, f"w{i}", concurrency=3, env=env, app="gpu_app:app")
-        for i in range(2)
+        WorkerProc(sqlite_database_url, tmp_path, f"w{i}", concurrency=3, env=env, app="gpu_app:app") for i in range(2)
     ]
     owned_at_once: list[int] = []
     try:
@@ -58,9 +57,7 @@ async def test_jobs_of_a_worker_quota_agent_are_claimed_only_with_a_global_slot_
     assert len(owned_at_once) > 50, "the sampler barely ran"
 
 
-async def test_an_unconfigured_worker_quota_stops_the_worker_at_start_up(
-    sqlite_database_url: str, tmp_path: Path
-) -> None:
+async def test_an_unconfigured_worker_quota_stops_the_worker_at_start_up(sqlite_database_url: str, tmp_path: Path) -> None:
     (tmp_path / "gpu_app.py").write_text(APP)
     env = {"PYTHONPATH": f"{tmp_path}:{Path(__file__).resolve().parents[2]}"}
     worker = WorkerProc(sqlite_database_url, tmp_path, "w", env=env, app="gpu_app:app")

@@ -137,10 +137,7 @@ def test_the_same_calls_through_the_adapter_leave_the_loop_responsive() -> None:
 
     experiment = run(main())
     assert max(experiment.lateness) < 0.05
-    assert not any(
-        stall.stack is not None and "blocking_upload_on_the_loop" in stall.stack
-        for stall in experiment.stalls
-    )
+    assert not any(stall.stack is not None and "blocking_upload_on_the_loop" in stall.stack for stall in experiment.stalls)
 
 
 def test_each_stall_is_reported_once_with_its_duration() -> None:

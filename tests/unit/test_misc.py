@@ -44,7 +44,9 @@ def test_every_query_has_a_header_and_a_description() -> None:
 def test_fault_rules_parse_and_reject_nonsense() -> None:
     f = Faults.parse("after_claim=stop, after_start@echo=sleep:1.5")
     assert [(r.point, r.agent, r.action, r.seconds) for r in f.rules] == [
-        ("after_claim", None, "stop", 0.0), ("after_start", "echo", "sleep", 1.5)]
+        ("after_claim", None, "stop", 0.0),
+        ("after_start", "echo", "sleep", 1.5),
+    ]
     for bad in ("nowhere=stop", "after_claim", "after_claim=explode", "after_claim=sleep:x"):
         with pytest.raises(ConfigError):
             Faults.parse(bad)
@@ -52,8 +54,8 @@ def test_fault_rules_parse_and_reject_nonsense() -> None:
 
 def _where_lines(sql: str, marker: str) -> list[str]:
     """The condition lines of the UPDATE that follows `marker`, whitespace-normalised."""
-    body = sql[sql.index(marker):]
-    lines = body[body.index(" WHERE "):].splitlines()
+    body = sql[sql.index(marker) :]
+    lines = body[body.index(" WHERE ") :].splitlines()
     out = []
     for line in lines:
         line = " ".join(line.split())
@@ -70,9 +72,9 @@ def test_claim_start_function_keeps_every_condition_of_the_claim_and_the_start()
     start = _where_lines(q["start_executions"], "UPDATE jobs AS j")
     assert len(claim) == 3 and len(start) == 2
     assert _where_lines(fn, "UPDATE jobs AS j") == claim
-    assert _where_lines(fn[fn.index("The start CAS"):], "UPDATE jobs AS j") == start
-    candidates = q["claim_jobs"][q["claim_jobs"].index("WHERE state"):q["claim_jobs"].index("FOR UPDATE")]
-    fn_candidates = fn[fn.index("WHERE state"):fn.index("FOR UPDATE")]
+    assert _where_lines(fn[fn.index("The start CAS") :], "UPDATE jobs AS j") == start
+    candidates = q["claim_jobs"][q["claim_jobs"].index("WHERE state") : q["claim_jobs"].index("FOR UPDATE")]
+    fn_candidates = fn[fn.index("WHERE state") : fn.index("FOR UPDATE")]
     normal = {"$2::text[]": "p_agents", "$3::text[]": "p_caps", "$4": "p_limit"}
     for k, v in normal.items():
         candidates = candidates.replace(k, v)

@@ -40,7 +40,11 @@ def test_json_logs_are_one_object_per_line_with_the_job_fields(restore_logging: 
     first, second = (json.loads(line) for line in out.getvalue().splitlines())
     assert first["msg"] == "job succeeded" and first["level"] == "info" and first["logger"] == "tenure.test"
     assert {k: first[k] for k in ("job_id", "worker_id", "agent", "epoch", "state", "duration_ms")} == {
-        "job_id": "j1", "worker_id": "w1", "agent": "echo", "epoch": 2, "state": "succeeded",
+        "job_id": "j1",
+        "worker_id": "w1",
+        "agent": "echo",
+        "epoch": 2,
+        "state": "succeeded",
         "duration_ms": 12.5,
     }
     assert "job_id" not in second  # the context ended with the block
@@ -115,8 +119,9 @@ class _Sampler:
 
 
 def test_liveness_turns_degraded_on_lasting_lag_and_active_only_once_the_lag_stayed_low() -> None:
-    obs = WorkerObserver("w-liveness", heartbeat_s=1, lag_interval_s=0.05, stall_threshold_s=0.1,
-                         degraded_lag_s=0.5, degraded_for_s=2.0)
+    obs = WorkerObserver(
+        "w-liveness", heartbeat_s=1, lag_interval_s=0.05, stall_threshold_s=0.1, degraded_lag_s=0.5, degraded_for_s=2.0
+    )
     sampler = _Sampler()
     obs.sampler = sampler  # type: ignore[assignment]
     assert obs.liveness(WorkerState.ACTIVE) is WorkerState.ACTIVE
@@ -132,8 +137,9 @@ def test_liveness_turns_degraded_on_lasting_lag_and_active_only_once_the_lag_sta
 
 
 def test_liveness_counts_a_loop_blocked_most_of_the_time_as_degraded_despite_short_on_time_gaps() -> None:
-    obs = WorkerObserver("w-share", heartbeat_s=1, lag_interval_s=0.05, stall_threshold_s=0.1,
-                         degraded_lag_s=0.3, degraded_for_s=2.0)
+    obs = WorkerObserver(
+        "w-share", heartbeat_s=1, lag_interval_s=0.05, stall_threshold_s=0.1, degraded_lag_s=0.3, degraded_for_s=2.0
+    )
     sampler = _Sampler()
     obs.sampler = sampler  # type: ignore[assignment]
     obs._on_lag_sample(0.4)  # one 0.4 s stall in 2 s: 20 %, not degraded
@@ -151,8 +157,9 @@ def test_the_workers_gauge_counts_lost_workers_as_gone_but_not_drained_ones() ->
 
     from tenure.contracts.types import SweepReport, WorkerInfo
 
-    obs = WorkerObserver("w-registry", heartbeat_s=1, lag_interval_s=0.05, stall_threshold_s=0.1,
-                         degraded_lag_s=0.5, degraded_for_s=2.0)
+    obs = WorkerObserver(
+        "w-registry", heartbeat_s=1, lag_interval_s=0.05, stall_threshold_s=0.1, degraded_lag_s=0.5, degraded_for_s=2.0
+    )
     live = [WorkerInfo("a", "h", 1, 1, ()), WorkerInfo("b", "h", 2, 1, (), state=WorkerState.DEGRADED)]
     obs.registry_seen([*live, WorkerInfo("drained", "h", 3, 1, (), state=WorkerState.GONE)])
     assert REGISTRY.get_sample_value("tenure_workers", {"state": "gone"}) == 0

@@ -12,9 +12,7 @@ from tenure.settings import Settings, load_quota_file
 
 
 def test_tenure_quotas_declares_limits_and_failure_policies_per_key() -> None:
-    settings = Settings.from_env(
-        {"TENURE_QUOTAS": "llm:gpt-4o=8, llm:mock=8/fail-open,gpu-pool=2/fail-closed"}
-    )
+    settings = Settings.from_env({"TENURE_QUOTAS": "llm:gpt-4o=8, llm:mock=8/fail-open,gpu-pool=2/fail-closed"})
     assert settings.quotas == {
         "llm:gpt-4o": QuotaSpec("llm:gpt-4o", 8),
         "llm:mock": QuotaSpec("llm:mock", 8, "fail-open"),

@@ -12,8 +12,7 @@ def test_defaults_are_the_documented_ones() -> None:
 
 
 def test_environment_is_typed_and_flags_override_it() -> None:
-    s = Settings.from_env({"TENURE_HEARTBEAT_S": "2", "TENURE_CLAIM_TTL_S": "6", "TENURE_CONCURRENCY": "4"},
-                          concurrency=8)
+    s = Settings.from_env({"TENURE_HEARTBEAT_S": "2", "TENURE_CLAIM_TTL_S": "6", "TENURE_CONCURRENCY": "4"}, concurrency=8)
     assert (s.heartbeat_s, s.claim_ttl_s, s.concurrency) == (2.0, 6.0, 8)
 
 

@@ -1,8 +1,11 @@
 import time
 import redis.asyncio
 import tenure
+
 app = tenure.Tenure()
 _r = None
+
+
 @app.agent("w2")
 async def w2(ctx, input):
     t = time.time()

@@ -13,9 +13,7 @@ from importlib import resources
 _HEADER = re.compile(r"^--\s*name:\s*([a-z_][a-z0-9_]*)\s*--\s*$", re.MULTILINE)
 
 
-def load_queries(
-    package: str, filename: str = "queries.sql", substitutions: dict[str, str] | None = None
-) -> dict[str, str]:
+def load_queries(package: str, filename: str = "queries.sql", substitutions: dict[str, str] | None = None) -> dict[str, str]:
     """Parse `filename` of `package` into {name: sql}, replacing each `{key}` of `substitutions`."""
     text = resources.files(package).joinpath(filename).read_text(encoding="utf-8")
     for key, value in (substitutions or {}).items():

@@ -40,13 +40,10 @@ class QuotaSpec:
         if not _KEY.match(self.key):
             raise ConfigError(f"quota key {self.key!r}: use letters, digits and _.:/@- (at most 200 chars)")
         if isinstance(self.limit, bool) or not isinstance(self.limit, int) or self.limit < 1:
-            raise ConfigError(
-                f"quota {self.key!r}: the limit must be a whole number >= 1, not {self.limit!r}"
-            )
+            raise ConfigError(f"quota {self.key!r}: the limit must be a whole number >= 1, not {self.limit!r}")
         if self.on_failure not in _POLICIES:
             raise ConfigError(
-                f"quota {self.key!r}: on_failure must be {FAIL_CLOSED} or {FAIL_OPEN}, "
-                f"not {self.on_failure!r}"
+                f"quota {self.key!r}: on_failure must be {FAIL_CLOSED} or {FAIL_OPEN}, not {self.on_failure!r}"
             )
 
     @property
@@ -69,9 +66,7 @@ def parse_quotas(text: str, source: str = "TENURE_QUOTAS") -> dict[str, QuotaSpe
         try:
             limit = int(limit_text.strip())
         except ValueError:
-            raise ConfigError(
-                f"{source}: {entry!r}: the limit {limit_text!r} is not a whole number"
-            ) from None
+            raise ConfigError(f"{source}: {entry!r}: the limit {limit_text!r} is not a whole number") from None
         spec = QuotaSpec(key.strip(), limit, policy.strip() or FAIL_CLOSED)
         if spec.key in out:
             raise ConfigError(f"{source}: quota {spec.key!r} is declared twice")

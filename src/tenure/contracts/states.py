@@ -48,19 +48,13 @@ _S = JobState
 TRANSITIONS: dict[JobState, frozenset[JobState]] = {
     _S.QUEUED: frozenset({_S.RUNNING, _S.CANCELLED, _S.EXPIRED}),
     _S.SCHEDULED: frozenset({_S.QUEUED, _S.CANCELLED, _S.EXPIRED}),
-    _S.RUNNING: frozenset(
-        {_S.WAITING, _S.SUCCEEDED, _S.FAILED, _S.CANCELLED, _S.DEAD, _S.SCHEDULED, _S.LOST, _S.QUEUED}
-    ),
-    _S.WAITING: frozenset(
-        {_S.RUNNING, _S.SUCCEEDED, _S.FAILED, _S.CANCELLED, _S.DEAD, _S.SCHEDULED, _S.LOST, _S.QUEUED}
-    ),
+    _S.RUNNING: frozenset({_S.WAITING, _S.SUCCEEDED, _S.FAILED, _S.CANCELLED, _S.DEAD, _S.SCHEDULED, _S.LOST, _S.QUEUED}),
+    _S.WAITING: frozenset({_S.RUNNING, _S.SUCCEEDED, _S.FAILED, _S.CANCELLED, _S.DEAD, _S.SCHEDULED, _S.LOST, _S.QUEUED}),
     **{s: frozenset({_S.QUEUED}) for s in REQUEUEABLE},
     _S.SUCCEEDED: frozenset(),
 }
 # The outcomes an execution may finish with (the finish CAS). SCHEDULED means "retry after a backoff".
-FINISH_STATES: frozenset[JobState] = frozenset(
-    {_S.SUCCEEDED, _S.FAILED, _S.CANCELLED, _S.DEAD, _S.SCHEDULED}
-)
+FINISH_STATES: frozenset[JobState] = frozenset({_S.SUCCEEDED, _S.FAILED, _S.CANCELLED, _S.DEAD, _S.SCHEDULED})
 
 
 def check_transition(current: JobState, target: JobState) -> None:

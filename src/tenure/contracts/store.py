@@ -102,8 +102,13 @@ class Store(Protocol):
         ...
 
     async def finish_and_claim(
-        self, worker_id: str, finishes: Sequence[Finish], agents: Sequence[str], capabilities: Sequence[str],
-        limit: int, ttl_s: float,
+        self,
+        worker_id: str,
+        finishes: Sequence[Finish],
+        agents: Sequence[str],
+        capabilities: Sequence[str],
+        limit: int,
+        ttl_s: float,
     ) -> tuple[list[str], list[tuple[Claim, Started]]]:
         """`finish`, then `claim_and_start`, each unchanged; where `claim_carries_finishes`, in one transaction
         and one durable commit. Returns the job ids whose finish matched, and the claims with their starts."""
@@ -152,9 +157,7 @@ class Store(Protocol):
         """A job's history in cursor order, strictly after `after` (epoch, seq)."""
         ...
 
-    async def read_events_many(
-        self, cursors: Sequence[tuple[str, tuple[int, int] | None]], limit: int
-    ) -> list[Event]:
+    async def read_events_many(self, cursors: Sequence[tuple[str, tuple[int, int] | None]], limit: int) -> list[Event]:
         """The histories of several jobs, each strictly after its own cursor, at most `limit` events per job,
         in cursor order within each job: one round trip for a gateway's many live streams."""
         ...
@@ -306,5 +309,12 @@ class Leases(Protocol):
 
 
 __all__ = [
-    "WAIT_SUFFIX", "JobState", "LeaseRef", "Leases", "Store", "line_key", "new_ticket", "ticket_holder",
+    "WAIT_SUFFIX",
+    "JobState",
+    "LeaseRef",
+    "Leases",
+    "Store",
+    "line_key",
+    "new_ticket",
+    "ticket_holder",
 ]

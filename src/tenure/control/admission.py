@@ -61,8 +61,13 @@ def _is_int(v: Any) -> bool:
 class Admission:
     """Validates requests against the registered agents and limits, then enqueues them."""
 
-    def __init__(self, store: Store, agents: Mapping[str, AgentSpec], limits: AdmissionLimits | None = None,
-                 ready_index: ReadyIndex | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        agents: Mapping[str, AgentSpec],
+        limits: AdmissionLimits | None = None,
+        ready_index: ReadyIndex | None = None,
+    ) -> None:
         self.store = store
         self.agents = dict(agents)
         # Optional accelerator: new jobs are hinted to the ready index after the store committed them.
@@ -95,7 +100,9 @@ class Admission:
             )
         deadline_s = self.limits.default_deadline_s if req.deadline_s is None else req.deadline_s
         if deadline_s is not None and (
-            isinstance(deadline_s, bool) or not isinstance(deadline_s, int | float) or not math.isfinite(deadline_s)
+            isinstance(deadline_s, bool)
+            or not isinstance(deadline_s, int | float)
+            or not math.isfinite(deadline_s)
             or not 0 < deadline_s <= self.limits.max_deadline_s
         ):
             raise InvalidRequest(
@@ -114,9 +121,18 @@ class Admission:
             json.dumps([spec.name, input_json, priority, sorted(requires), deadline_s, max_attempts]).encode()
         ).digest()
         return NewJob(
-            id=new_id(), tenant=req.tenant, agent=spec.name, input_json=input_json, priority=priority,
-            requires=tuple(sorted(requires)), max_attempts=max_attempts, timeout_s=spec.timeout_s,
-            retry_safe=spec.retry_safe, deadline_s=deadline_s, idem_digest=digest, request_fingerprint=fingerprint,
+            id=new_id(),
+            tenant=req.tenant,
+            agent=spec.name,
+            input_json=input_json,
+            priority=priority,
+            requires=tuple(sorted(requires)),
+            max_attempts=max_attempts,
+            timeout_s=spec.timeout_s,
+            retry_safe=spec.retry_safe,
+            deadline_s=deadline_s,
+            idem_digest=digest,
+            request_fingerprint=fingerprint,
         )
 
     async def submit(self, req: JobRequest) -> Enqueued:

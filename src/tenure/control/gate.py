@@ -70,9 +70,7 @@ class Gate:
             )
         total, mine = await self.store.queue_depth(tenant)
         if total >= cfg.max_queued:
-            raise QueueFull(
-                f"{total} jobs are waiting to start; the limit is {cfg.max_queued}", cfg.retry_after_s
-            )
+            raise QueueFull(f"{total} jobs are waiting to start; the limit is {cfg.max_queued}", cfg.retry_after_s)
         if mine >= cfg.max_queued_per_tenant:
             raise QueueFull(
                 f"tenant {tenant!r} has {mine} jobs waiting to start; the limit is {cfg.max_queued_per_tenant}",
@@ -86,9 +84,7 @@ class InFlight:
     def __init__(self) -> None:
         self._pending: dict[bytes, tuple[bytes, asyncio.Future[Enqueued]]] = {}
 
-    async def run(
-        self, digest: bytes, fingerprint: bytes, submit: Callable[[], Awaitable[Enqueued]]
-    ) -> Enqueued:
+    async def run(self, digest: bytes, fingerprint: bytes, submit: Callable[[], Awaitable[Enqueued]]) -> Enqueued:
         held = self._pending.get(digest)
         if held is not None:
             first_fingerprint, fut = held

@@ -49,7 +49,6 @@ from tenure.contracts.store import WAIT_SUFFIX, LeaseRef, Leases, line_key, new_
 log = logging.getLogger("tenure.quotas")
 
 
-
 def _reraise_cancellation() -> None:
     """A cancellation that arrives during a redis-py command is sometimes absorbed by the driver (the command
     returns or fails as a connection error): a background loop checks that it was not asked to stop."""
@@ -120,9 +119,7 @@ class QuotaManager:
         spec = self.specs.get(key)
         if spec is None:
             known = ", ".join(sorted(self.specs)) or "none"
-            raise ConfigError(
-                f"quota {key!r} is not configured (TENURE_QUOTAS / tenure.toml; known: {known})"
-            )
+            raise ConfigError(f"quota {key!r} is not configured (TENURE_QUOTAS / tenure.toml; known: {known})")
         return spec
 
     def for_execution(self, execution_id: str) -> ExecutionQuotas:
@@ -153,9 +150,7 @@ class QuotaManager:
         try:
             if valid_for <= 0:
                 raise TimeoutError
-            lost_refs = await asyncio.wait_for(
-                self.leases.renew([h.ref for h in held], self.ttl_s), valid_for
-            )
+            lost_refs = await asyncio.wait_for(self.leases.renew([h.ref for h in held], self.ttl_s), valid_for)
         except TimeoutError:
             log.warning("quota lease renewal did not answer within the lease TTL: fencing every holder")
             lost_refs = [h.ref for h in held]
@@ -309,9 +304,7 @@ class QuotaManager:
         """Give up waiting: leave the line, and give back (handing it over) a slot granted meanwhile."""
         with contextlib.suppress(StoreUnavailable):
             await self.leases.release(ticket.key, ticket.holder)
-            served = await self.leases.release_and_hand_over(
-                spec.key, ticket_holder(ticket.holder), spec.limit, self.ttl_s
-            )
+            served = await self.leases.release_and_hand_over(spec.key, ticket_holder(ticket.holder), spec.limit, self.ttl_s)
             self._served(spec.key, served)
 
     def _backend_down(self, spec: QuotaSpec, exc: LeasesUnavailable | None) -> bool:
@@ -323,9 +316,7 @@ class QuotaManager:
             return False
         self.rejected[spec.key] += 1
         self.rejections[(spec.key, "unavailable")] += 1
-        raise QuotaUnavailable(
-            f"quota {spec.key!r} is fail-closed and its lease backend is unavailable", spec.key
-        ) from exc
+        raise QuotaUnavailable(f"quota {spec.key!r} is fail-closed and its lease backend is unavailable", spec.key) from exc
 
     async def release(self, ref: LeaseRef) -> None:
         """Give a slot back (harmless twice), handing it to the oldest waiter in the same step, and tell that
@@ -354,9 +345,7 @@ class QuotaBlock:
     (the way `asyncio.timeout` turns its cancellation into `TimeoutError`).
     """
 
-    def __init__(
-        self, owner: ExecutionQuotas, spec: QuotaSpec, *, wait: bool, timeout_s: float | None
-    ) -> None:
+    def __init__(self, owner: ExecutionQuotas, spec: QuotaSpec, *, wait: bool, timeout_s: float | None) -> None:
         self._owner = owner
         self.spec = spec
         self._wait = wait

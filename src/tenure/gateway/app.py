@@ -166,9 +166,7 @@ class Gateway:
 
     async def _crash(self, _request: Any, exc: Exception) -> Response:
         log.error("unhandled error in the gateway", exc_info=exc)
-        return Problem(
-            500, "Internal error", "the gateway failed on this request; it is logged", "internal"
-        ).response()
+        return Problem(500, "Internal error", "the gateway failed on this request; it is logged", "internal").response()
 
     # -- helpers -----------------------------------------------------------------------------------------------------
     def _principal(self, request: Request) -> Principal:
@@ -188,9 +186,7 @@ class Gateway:
         async for chunk in request.stream():
             size += len(chunk)
             if size > limit:
-                raise Problem(
-                    413, "Body too large", f"the request body is over {limit} bytes", "body-too-large"
-                )
+                raise Problem(413, "Body too large", f"the request body is over {limit} bytes", "body-too-large")
             chunks.append(chunk)
         raw = b"".join(chunks)
         if not raw.strip():
@@ -266,14 +262,10 @@ class Gateway:
             try:
                 state = JobState(q["state"])
             except ValueError:
-                raise Problem(
-                    400, "Bad parameter", f"unknown state {q['state']!r}", "bad-parameter"
-                ) from None
+                raise Problem(400, "Bad parameter", f"unknown state {q['state']!r}", "bad-parameter") from None
         cursor = q.get("cursor") or None
         if cursor is not None and not is_uuid(cursor):
-            raise Problem(
-                400, "Bad cursor", "cursor is the id of the last job of the previous page", "bad-cursor"
-            )
+            raise Problem(400, "Bad cursor", "cursor is the id of the last job of the previous page", "bad-cursor")
         limit = int_param(request, "limit", 50, 1, MAX_LIST)
         jobs = await self.store.list_jobs(JobFilter(who.tenant, state, q.get("agent") or None, cursor, limit))
         nxt = jobs[-1].id if len(jobs) == limit else None
@@ -302,20 +294,14 @@ class Gateway:
         if kind == "cancel" and wait_s and outcome is ControlOutcome.REQUESTED:
             outcome = await self._await_cancel(who, job_id, wait_s)
         status = 202 if outcome is ControlOutcome.REQUESTED else 200
-        return JSONResponse(
-            {"job_id": parse_job_id(job_id), "command": kind, "outcome": outcome.value}, status
-        )
+        return JSONResponse({"job_id": parse_job_id(job_id), "command": kind, "outcome": outcome.value}, status)
 
     async def _await_cancel(self, who: Principal, job_id: str, wait_s: float) -> ControlOutcome:
         deadline = asyncio.get_running_loop().time() + min(wait_s, MAX_WAIT_S)
         while asyncio.get_running_loop().time() < deadline:
             job = await self.load_job(job_id, who)
             if job.state.terminal:
-                return (
-                    ControlOutcome.ACCEPTED
-                    if job.state is JobState.CANCELLED
-                    else ControlOutcome.ALREADY_FINISHED
-                )
+                return ControlOutcome.ACCEPTED if job.state is JobState.CANCELLED else ControlOutcome.ALREADY_FINISHED
             await asyncio.sleep(0.05)
         return ControlOutcome.REQUESTED
 
@@ -366,9 +352,7 @@ class Gateway:
                 if not batch:
                     yield ": keep-alive\n\n"
                     continue
-                yield "".join(
-                    f"id: {e.cursor}\nevent: {e.type}\ndata: {dumps(e.to_dict())}\n\n" for e in batch
-                )
+                yield "".join(f"id: {e.cursor}\nevent: {e.type}\ndata: {dumps(e.to_dict())}\n\n" for e in batch)
 
         return StreamingResponse(
             stream(),
@@ -409,7 +393,6 @@ class Gateway:
             return
         await ws.accept()
         await WsSession(self, ws, who).run()
-
 
 
 def _float(text: str, name: str) -> float:

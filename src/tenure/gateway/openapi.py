@@ -123,9 +123,7 @@ def openapi_document(agents: list[str]) -> dict[str, Any]:
                     ],
                     "requestBody": {
                         "required": True,
-                        "content": {
-                            "application/json": {"schema": {"$ref": "#/components/schemas/JobRequest"}}
-                        },
+                        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/JobRequest"}}},
                     },
                     "responses": {
                         "201": _json("created", job),

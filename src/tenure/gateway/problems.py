@@ -43,9 +43,7 @@ class Problem(Exception):
         }
 
     def response(self) -> JSONResponse:
-        return JSONResponse(
-            self.body(), self.status, headers=self.headers, media_type="application/problem+json"
-        )
+        return JSONResponse(self.body(), self.status, headers=self.headers, media_type="application/problem+json")
 
 
 def from_error(exc: TenureError) -> Problem:
@@ -75,9 +73,7 @@ def from_error(exc: TenureError) -> Problem:
         p.headers["Retry-After"] = str(exc.retry_after_s)
         return p
     if isinstance(exc, StoreUnavailable):
-        p = Problem(
-            503, "Store unavailable", "the job store did not answer; retry shortly", "store-unavailable"
-        )
+        p = Problem(503, "Store unavailable", "the job store did not answer; retry shortly", "store-unavailable")
         p.headers["Retry-After"] = "1"
         return p
     return Problem(500, "Internal error", f"{exc.code}: {exc}", "internal")

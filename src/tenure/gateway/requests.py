@@ -40,9 +40,7 @@ def int_param(request: Request, name: str, default: int, lo: int, hi: int) -> in
     try:
         value = int(text)
     except ValueError:
-        raise Problem(
-            400, "Bad parameter", f"{name} must be an integer, not {text!r}", "bad-parameter"
-        ) from None
+        raise Problem(400, "Bad parameter", f"{name} must be an integer, not {text!r}", "bad-parameter") from None
     if not lo <= value <= hi:
         raise Problem(400, "Bad parameter", f"{name} must be from {lo} to {hi}, not {value}", "bad-parameter")
     return value
@@ -54,9 +52,7 @@ def check_submit_body(body: Any, tenant: str, key: str | None) -> JobRequest:
         raise InvalidRequest("the request body must be a JSON object")
     unknown = set(body) - SUBMIT_FIELDS
     if unknown:
-        raise InvalidRequest(
-            f"unknown fields: {', '.join(sorted(unknown))} (allowed: {', '.join(sorted(SUBMIT_FIELDS))})"
-        )
+        raise InvalidRequest(f"unknown fields: {', '.join(sorted(unknown))} (allowed: {', '.join(sorted(SUBMIT_FIELDS))})")
     agent = body.get("agent")
     if not isinstance(agent, str) or not agent:
         raise InvalidRequest("agent is required: the name of a registered agent")

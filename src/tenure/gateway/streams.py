@@ -23,9 +23,7 @@ from tenure.contracts.types import Event, EventNotice
 
 log = logging.getLogger("tenure.gateway.streams")
 
-TERMINAL_EVENTS = frozenset(
-    {"job.succeeded", "job.failed", "job.cancelled", "job.lost", "job.expired", "job.dead"}
-)
+TERMINAL_EVENTS = frozenset({"job.succeeded", "job.failed", "job.cancelled", "job.lost", "job.expired", "job.dead"})
 _HISTORY_PAGE = 1000
 _MAX_PENDING = 5000  # live events buffered for a slow reader before it falls back to the history
 

@@ -113,9 +113,7 @@ class WsSession:
         try:
             frame = json.loads(text)
         except ValueError as exc:
-            self._error(
-                None, Problem(400, "Malformed JSON", f"the frame is not valid JSON: {exc}", "bad-json")
-            )
+            self._error(None, Problem(400, "Malformed JSON", f"the frame is not valid JSON: {exc}", "bad-json"))
             return
         ref = frame.get("ref") if isinstance(frame, dict) else None
         try:
@@ -189,9 +187,7 @@ class WsSession:
         if job_id in self.subs:
             self.subs.pop(job_id).cancel()
         if len(self.subs) >= self.gw.config.ws_max_subscriptions:
-            raise Problem(
-                429, "Too many subscriptions", "unsubscribe from a job first", "too-many-subscriptions"
-            )
+            raise Problem(429, "Too many subscriptions", "unsubscribe from a job first", "too-many-subscriptions")
         assert self._tg is not None
         sub = self.gw.hub.subscribe(job_id, cursor)
         self.send({"op": "subscribed", "ref": ref, "job_id": job_id})

@@ -178,9 +178,7 @@ class _BoundedOffload:
                 # close() began while this caller was being granted its slot.
                 raise AdapterClosed(f"adapter {self._name!r} is closed")
             call = self._prepare(functools.partial(fn, *args, **kwargs))
-            operation = loop.create_task(
-                self._operate(loop, call), name=f"tenure-{self._name}-{next(self._sequence)}"
-            )
+            operation = loop.create_task(self._operate(loop, call), name=f"tenure-{self._name}-{next(self._sequence)}")
         except BaseException:
             self._give_back_slot()
             raise
@@ -369,9 +367,7 @@ class BlockingAdapter(_BoundedOffload):
             max_queued,
             queue_timeout_s,
             on_background_error,
-            lambda: concurrent.futures.ThreadPoolExecutor(
-                max_workers=max_in_flight, thread_name_prefix=f"tenure-{name}"
-            ),
+            lambda: concurrent.futures.ThreadPoolExecutor(max_workers=max_in_flight, thread_name_prefix=f"tenure-{name}"),
         )
 
     def _prepare(self, call: Callable[[], T]) -> Callable[[], T]:
@@ -424,9 +420,7 @@ class ProcessAdapter(_BoundedOffload):
             max_queued,
             queue_timeout_s,
             on_background_error,
-            lambda: concurrent.futures.ThreadPoolExecutor(
-                max_workers=1, thread_name_prefix=f"tenure-{name}-submit"
-            ),
+            lambda: concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"tenure-{name}-submit"),
         )
         self._mp_context = mp_context
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None  # created on first use

@@ -48,6 +48,7 @@ class ExecutionPort(Protocol):
 
     def record_external(self, kind: str, seconds: float) -> None:
         """Record one timed external call (model, tool) of this execution (`tenure_external_seconds`)."""
+
     async def wait_command(self, kind: str, prompt: Any) -> Any:
         """Wait for the next persisted command of `kind` (`input`, `approve`) and return its payload. While it
         waits the job is `waiting` and the execution holds no worker slot."""
@@ -156,9 +157,7 @@ class Context:
         return bool(answer.get("approved", False)) if isinstance(answer, dict) else bool(answer)
 
     # -- global quotas (docs/quotas.md) -----------------------------------------------------------------------------
-    def quota(
-        self, key: str, *, wait: bool = True, timeout_s: float | None = None
-    ) -> AbstractAsyncContextManager[object]:
+    def quota(self, key: str, *, wait: bool = True, timeout_s: float | None = None) -> AbstractAsyncContextManager[object]:
         """Hold one slot of the global quota `key` (configured in TENURE_QUOTAS or tenure.toml) for a block:
 
             async with ctx.quota("llm:gpt-4o"):

@@ -432,9 +432,7 @@ class LagSampler:
         del top, frames, frame, task, coro
         return evidence
 
-    def _finish(
-        self, loop: asyncio.AbstractEventLoop, stall_id: int, beat: _Beat, evidence: _Evidence | None
-    ) -> None:
+    def _finish(self, loop: asyncio.AbstractEventLoop, stall_id: int, beat: _Beat, evidence: _Evidence | None) -> None:
         """Close a stall with its measured duration, log it, and queue it for `on_stall`."""
         report = StallReport(
             stall_id=stall_id,

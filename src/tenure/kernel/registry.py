@@ -81,8 +81,12 @@ class Tenure:
             if timeout is not None and timeout <= 0:
                 raise ConfigError(f"agent {agent_name!r}: timeout must be positive")
             spec = AgentSpec(
-                name=agent_name, max_attempts=max_attempts, timeout_s=timeout, retry_safe=retry_safe,
-                requires=check_tags(requires, f"agent {agent_name!r}"), priority=priority,
+                name=agent_name,
+                max_attempts=max_attempts,
+                timeout_s=timeout,
+                retry_safe=retry_safe,
+                requires=check_tags(requires, f"agent {agent_name!r}"),
+                priority=priority,
                 worker_quota=worker_quota,
             )
             self._agents[agent_name] = Agent(spec, fn, inspect.iscoroutinefunction(fn))

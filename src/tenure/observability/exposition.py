@@ -103,12 +103,13 @@ def metrics_asgi_app(
         if scope["type"] != "http":
             return
         body = await asyncio.get_running_loop().run_in_executor(executor, render, registry)
-        await send({
-            "type": "http.response.start", "status": 200,
-            "headers": [
-                (b"content-type", CONTENT_TYPE_LATEST.encode()), (b"content-length", str(len(body)).encode())
-            ],
-        })
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", CONTENT_TYPE_LATEST.encode()), (b"content-length", str(len(body)).encode())],
+            }
+        )
         await send({"type": "http.response.body", "body": body})
 
     return app

@@ -34,9 +34,7 @@ FIELDS = ("job_id", "execution_id", "worker_id", "agent", "state", "epoch", "dur
 # Other `extra` keys the runtime sets (loop stalls, heartbeats); any other extra key is carried too.
 _STANDARD = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime", "taskName"}
 
-_context: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
-    "tenure_log_context", default=None
-)
+_context: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("tenure_log_context", default=None)
 
 
 @contextlib.contextmanager

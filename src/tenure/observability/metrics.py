@@ -44,44 +44,59 @@ INTERVAL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.
 
 # -- event loop (one curve per process: `role` and `worker` labels; never aggregate across processes) ------
 LOOP_LAG = Histogram(
-    "event_loop_lag_seconds", "How late the event loop's sampler woke up (scheduling debt of the loop)",
-    ["role", "worker"], buckets=LAG_BUCKETS,
+    "event_loop_lag_seconds",
+    "How late the event loop's sampler woke up (scheduling debt of the loop)",
+    ["role", "worker"],
+    buckets=LAG_BUCKETS,
 )
 LOOP_LAG_MAX = Gauge(
-    "event_loop_lag_max_seconds", "Max loop lag over the sampler's window, an ongoing stall included",
-    ["role", "worker"], multiprocess_mode="livemax",
+    "event_loop_lag_max_seconds",
+    "Max loop lag over the sampler's window, an ongoing stall included",
+    ["role", "worker"],
+    multiprocess_mode="livemax",
 )
 LOOP_STALLS = Counter(
-    "tenure_loop_stalls_total", "Loop stalls longer than the stall threshold (each logged with its stack)",
+    "tenure_loop_stalls_total",
+    "Loop stalls longer than the stall threshold (each logged with its stack)",
     ["role", "worker"],
 )
 HEARTBEAT_LATENESS = Histogram(
-    "tenure_heartbeat_lateness_seconds", "How much later than scheduled the worker's heartbeat was sent",
-    ["worker"], buckets=LAG_BUCKETS,
+    "tenure_heartbeat_lateness_seconds",
+    "How much later than scheduled the worker's heartbeat was sent",
+    ["worker"],
+    buckets=LAG_BUCKETS,
 )
-HEARTBEATS_LATE = Counter(
-    "tenure_heartbeats_late_total", "Heartbeats sent more than half an interval late", ["worker"]
-)
+HEARTBEATS_LATE = Counter("tenure_heartbeats_late_total", "Heartbeats sent more than half an interval late", ["worker"])
 WORKER_STATE = Gauge(
-    "tenure_worker_state", "1 for this worker's current lifecycle state (active, degraded, draining, gone)",
-    ["worker", "state"], multiprocess_mode="livemax",
+    "tenure_worker_state",
+    "1 for this worker's current lifecycle state (active, degraded, draining, gone)",
+    ["worker", "state"],
+    multiprocess_mode="livemax",
 )
 
 # -- the four intervals of a job (seed 000), per agent ---------------------------------------------------
 QUEUE_WAIT = Histogram(
-    "tenure_queue_wait_seconds", "Admitted -> claimed, database clock (first attempt only)", ["agent"],
+    "tenure_queue_wait_seconds",
+    "Admitted -> claimed, database clock (first attempt only)",
+    ["agent"],
     buckets=INTERVAL_BUCKETS,
 )
 DISPATCH = Histogram(
-    "tenure_dispatch_seconds", "Claimed -> started (start CAS committed), database clock", ["agent"],
+    "tenure_dispatch_seconds",
+    "Claimed -> started (start CAS committed), database clock",
+    ["agent"],
     buckets=INTERVAL_BUCKETS,
 )
 FIRST_EVENT = Histogram(
-    "tenure_first_event_seconds", "Started -> the execution's first event, worker clock", ["agent"],
+    "tenure_first_event_seconds",
+    "Started -> the execution's first event, worker clock",
+    ["agent"],
     buckets=INTERVAL_BUCKETS,
 )
 EXTERNAL = Histogram(
-    "tenure_external_seconds", "Model and tool calls timed with ctx.external(kind)", ["agent", "kind"],
+    "tenure_external_seconds",
+    "Model and tool calls timed with ctx.external(kind)",
+    ["agent", "kind"],
     buckets=INTERVAL_BUCKETS,
 )
 
@@ -93,68 +108,80 @@ JOBS_FINISHED = Counter(
 )
 RETRIES = Counter("tenure_retries_total", "Executions that failed and were scheduled again", ["agent"])
 JOBS_DEAD = Counter("tenure_jobs_dead_total", "Jobs dead after their last attempt", ["agent"])
-JOBS_LOST = Counter(
-    "tenure_jobs_lost_total", "Running jobs whose owner stopped renewing its claim (marked by the sweeper)"
-)
+JOBS_LOST = Counter("tenure_jobs_lost_total", "Running jobs whose owner stopped renewing its claim (marked by the sweeper)")
 JOBS = Gauge("tenure_jobs", "Jobs in the store by state", ["state"], multiprocess_mode="livemax")
 QUEUE_DEPTH = Gauge(
-    "tenure_queue_depth", "Queued jobs counted in the shared store (scope: global or a tenant)", ["scope"],
+    "tenure_queue_depth",
+    "Queued jobs counted in the shared store (scope: global or a tenant)",
+    ["scope"],
     multiprocess_mode="livemax",
 )
 QUEUE_CAPACITY = Gauge(
-    "tenure_queue_capacity", "The admission cap on queued jobs for the scope", ["scope"],
+    "tenure_queue_capacity",
+    "The admission cap on queued jobs for the scope",
+    ["scope"],
     multiprocess_mode="livemax",
 )
 WORKERS = Gauge(
     "tenure_workers",
     "Workers by state: live ones from the registry; gone = lost (silent, not drained) in the last 10 min",
-    ["state"], multiprocess_mode="livemax",
+    ["state"],
+    multiprocess_mode="livemax",
 )
-WORKERS_LOST = Counter(
-    "tenure_workers_lost_total", "Workers the sweeper marked gone because their heartbeats stopped"
-)
+WORKERS_LOST = Counter("tenure_workers_lost_total", "Workers the sweeper marked gone because their heartbeats stopped")
 
 # -- quotas and circuit breakers (defined here, fed by the quota and gateway code) --------------------------
-QUOTA_IN_USE = Gauge(
-    "tenure_quota_in_use", "Lease slots held now for a named quota", ["key"], multiprocess_mode="livemax"
-)
+QUOTA_IN_USE = Gauge("tenure_quota_in_use", "Lease slots held now for a named quota", ["key"], multiprocess_mode="livemax")
 QUOTA_LIMIT = Gauge("tenure_quota_limit", "The limit of a named quota", ["key"], multiprocess_mode="livemax")
 QUOTA_REJECTED = Counter(
-    "tenure_quota_rejected_total", "Quota acquisitions refused (reason: full, timeout, unavailable)",
+    "tenure_quota_rejected_total",
+    "Quota acquisitions refused (reason: full, timeout, unavailable)",
     ["key", "reason"],
 )
 QUOTA_FAIL_OPEN = Counter(
     "tenure_quota_fail_open_total",
-    "Quota blocks let through without a lease because the lease backend was down (fail-open keys)", ["key"],
+    "Quota blocks let through without a lease because the lease backend was down (fail-open keys)",
+    ["key"],
 )
 CIRCUIT_STATE = Gauge(
-    "tenure_circuit_state", "Circuit breaker state: 0 closed, 1 half-open, 2 open", ["scope"],
+    "tenure_circuit_state",
+    "Circuit breaker state: 0 closed, 1 half-open, 2 open",
+    ["scope"],
     multiprocess_mode="livemax",
 )
 
 # -- blocking adapters (read from the adapters' properties by refresh()) -----------------------------------
 BLOCKING_IN_FLIGHT = Gauge(
-    "tenure_blocking_in_flight", "Adapter slots held now", ["adapter", "role", "worker"],
+    "tenure_blocking_in_flight",
+    "Adapter slots held now",
+    ["adapter", "role", "worker"],
     multiprocess_mode="livesum",
 )
 BLOCKING_QUEUED = Gauge(
-    "tenure_blocking_queued", "Callers waiting for an adapter slot", ["adapter", "role", "worker"],
+    "tenure_blocking_queued",
+    "Callers waiting for an adapter slot",
+    ["adapter", "role", "worker"],
     multiprocess_mode="livesum",
 )
 BLOCKING_MAX_IN_FLIGHT = Gauge(
-    "tenure_blocking_max_in_flight", "The adapter's bound on calls in flight", ["adapter", "role", "worker"],
+    "tenure_blocking_max_in_flight",
+    "The adapter's bound on calls in flight",
+    ["adapter", "role", "worker"],
     multiprocess_mode="livesum",
 )
 BLOCKING_COMPLETED = Counter(
-    "tenure_blocking_completed_total", "Offloaded calls that ended and gave their slot back",
+    "tenure_blocking_completed_total",
+    "Offloaded calls that ended and gave their slot back",
     ["adapter", "role", "worker"],
 )
 BLOCKING_FAILED_CLOSED = Counter(
-    "tenure_blocking_failed_closed_total", "Adapter slots written off because an operation was cancelled",
+    "tenure_blocking_failed_closed_total",
+    "Adapter slots written off because an operation was cancelled",
     ["adapter", "role", "worker"],
 )
 BLOCKING_REJECTED = Counter(
-    "tenure_blocking_rejected_total", "Offloaded calls rejected (queue_full, queue_timeout)",
+    "tenure_blocking_rejected_total",
+    "Offloaded calls rejected (queue_full, queue_timeout)",
     ["adapter", "role", "worker", "reason"],
 )
 

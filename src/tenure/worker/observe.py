@@ -137,7 +137,9 @@ class WorkerObserver:
             if self.sampler.degraded(self.degraded_lag_s, self.degraded_for_s) or self.late_share() >= 0.5:
                 log.warning(
                     "event loop lag above %.3f s for %.1f s: worker degraded, claiming nothing new "
-                    "(it keeps and renews its claims)", self.degraded_lag_s, self.degraded_for_s,
+                    "(it keeps and renews its claims)",
+                    self.degraded_lag_s,
+                    self.degraded_for_s,
                     extra={"worker_id": self.worker_id, "state": WorkerState.DEGRADED.value},
                 )
                 return WorkerState.DEGRADED
@@ -145,7 +147,8 @@ class WorkerObserver:
             if self.sampler.max_lag_window(self.degraded_for_s) <= self.degraded_lag_s:
                 log.info(
                     "event loop lag under %.3f s for %.1f s: worker active again",
-                    self.degraded_lag_s, self.degraded_for_s,
+                    self.degraded_lag_s,
+                    self.degraded_for_s,
                     extra={"worker_id": self.worker_id, "state": WorkerState.ACTIVE.value},
                 )
                 return WorkerState.ACTIVE
@@ -167,7 +170,9 @@ class WorkerObserver:
             self._hb_late.inc()
             log.warning(
                 "heartbeat sent %.3f s late (interval %.3f s, %d claims held): the event loop was blocked",
-                lateness_s, self.heartbeat_s, held,
+                lateness_s,
+                self.heartbeat_s,
+                held,
                 extra={"worker_id": self.worker_id, "duration_ms": round(lateness_s * 1000, 1)},
             )
 
@@ -189,9 +194,14 @@ class WorkerObserver:
             m.DISPATCH.labels(claim.agent).observe(max(0.0, started.started_at - claimed_at))
         self._started_mono[job_id] = time.monotonic()
         log.info(
-            "job started", extra={
-                "job_id": job_id, "execution_id": started.execution_id, "worker_id": self.worker_id,
-                "agent": claim.agent, "state": JobState.RUNNING.value, "epoch": claim.fence.epoch,
+            "job started",
+            extra={
+                "job_id": job_id,
+                "execution_id": started.execution_id,
+                "worker_id": self.worker_id,
+                "agent": claim.agent,
+                "state": JobState.RUNNING.value,
+                "epoch": claim.fence.epoch,
             },
         )
 
@@ -206,16 +216,26 @@ class WorkerObserver:
         m.EXTERNAL.labels(agent, kind).observe(seconds)
 
     def finished(
-        self, claim: Claim, execution_id: str, state: JobState, error_code: str | None, duration_s: float,
+        self,
+        claim: Claim,
+        execution_id: str,
+        state: JobState,
+        error_code: str | None,
+        duration_s: float,
         matched: bool,
     ) -> None:
         """One line and the counters for an execution's end (`state` SCHEDULED means a retry)."""
         job_id = claim.fence.job_id
         self._started_mono.pop(job_id, None)
         fields = {
-            "job_id": job_id, "execution_id": execution_id, "worker_id": self.worker_id, "agent": claim.agent,
-            "state": state.value if matched else JobState.LOST.value, "epoch": claim.fence.epoch,
-            "duration_ms": round(duration_s * 1000, 1), "error_code": error_code,
+            "job_id": job_id,
+            "execution_id": execution_id,
+            "worker_id": self.worker_id,
+            "agent": claim.agent,
+            "state": state.value if matched else JobState.LOST.value,
+            "epoch": claim.fence.epoch,
+            "duration_ms": round(duration_s * 1000, 1),
+            "error_code": error_code,
         }
         if not matched:
             log.warning("job finish not recorded: ownership was lost", extra=fields)
@@ -227,43 +247,68 @@ class WorkerObserver:
         m.JOBS_FINISHED.labels(claim.agent, state.value).inc()
         if state is JobState.DEAD:
             m.JOBS_DEAD.labels(claim.agent).inc()
-        log.log(logging.INFO if state is JobState.SUCCEEDED else logging.WARNING, "job %s", state.value,
-                extra=fields)
+        log.log(logging.INFO if state is JobState.SUCCEEDED else logging.WARNING, "job %s", state.value, extra=fields)
 
     def lost(self, claim: Claim, execution_id: str | None) -> None:
         """This worker learned that it no longer owns a job."""
         self._started_mono.pop(claim.fence.job_id, None)
         self._claimed_at.pop(claim.fence.job_id, None)
-        log.warning("job ownership lost: execution stopped", extra={
-            "job_id": claim.fence.job_id, "execution_id": execution_id, "worker_id": self.worker_id,
-            "agent": claim.agent, "state": JobState.LOST.value, "epoch": claim.fence.epoch,
-            "error_code": "owner_lost",
-        })
+        log.warning(
+            "job ownership lost: execution stopped",
+            extra={
+                "job_id": claim.fence.job_id,
+                "execution_id": execution_id,
+                "worker_id": self.worker_id,
+                "agent": claim.agent,
+                "state": JobState.LOST.value,
+                "epoch": claim.fence.epoch,
+                "error_code": "owner_lost",
+            },
+        )
 
     # -- sweeper duty (only the holder of the sweeper lease exports store-wide numbers) --------------------
     def swept(self, report: SweepReport) -> None:
         for job_id in report.lost:
             m.JOBS_LOST.inc()
             m.JOBS_FINISHED.labels("", JobState.LOST.value).inc()
-            log.warning("job lost: its owner stopped renewing the claim", extra={
-                "job_id": job_id, "state": JobState.LOST.value, "error_code": "owner_lost",
-            })
+            log.warning(
+                "job lost: its owner stopped renewing the claim",
+                extra={
+                    "job_id": job_id,
+                    "state": JobState.LOST.value,
+                    "error_code": "owner_lost",
+                },
+            )
         for job_id in report.dead:
             m.JOBS_FINISHED.labels("", JobState.DEAD.value).inc()
-            log.warning("job dead: owner lost on its last attempt", extra={
-                "job_id": job_id, "state": JobState.DEAD.value, "error_code": "owner_lost",
-            })
+            log.warning(
+                "job dead: owner lost on its last attempt",
+                extra={
+                    "job_id": job_id,
+                    "state": JobState.DEAD.value,
+                    "error_code": "owner_lost",
+                },
+            )
         for worker_id in report.workers_gone:
             self._lost_workers.append(time.monotonic())
             m.WORKERS_LOST.inc()
-            log.warning("worker lost: no heartbeat for two claim TTLs", extra={
-                "worker_id": worker_id, "state": WorkerState.GONE.value,
-            })
+            log.warning(
+                "worker lost: no heartbeat for two claim TTLs",
+                extra={
+                    "worker_id": worker_id,
+                    "state": WorkerState.GONE.value,
+                },
+            )
         for job_id in report.expired:
             m.JOBS_FINISHED.labels("", JobState.EXPIRED.value).inc()
-            log.info("job expired before it started", extra={
-                "job_id": job_id, "state": JobState.EXPIRED.value, "error_code": "deadline_exceeded",
-            })
+            log.info(
+                "job expired before it started",
+                extra={
+                    "job_id": job_id,
+                    "state": JobState.EXPIRED.value,
+                    "error_code": "deadline_exceeded",
+                },
+            )
 
     def jobs_seen(self, counts: JobCounts) -> None:
         """Export `tenure_jobs{state}` (unfinished states) and `tenure_queue_depth{scope}` (the ready queue:

@@ -102,9 +102,7 @@ class WorkerConfig:
         # The same rule as settings.py, for workers built from Python: a heartbeat that is late once (a
         # busy loop, a slow round trip) must not cost the claims. The tolerance absorbs 3 * 0.1 != 0.3.
         if self.claim_ttl_s < 3 * self.heartbeat_s - 1e-9:
-            raise ConfigError(
-                f"claim_ttl_s ({self.claim_ttl_s:g}) must be at least 3 heartbeats (3 x {self.heartbeat_s:g})"
-            )
+            raise ConfigError(f"claim_ttl_s ({self.claim_ttl_s:g}) must be at least 3 heartbeats (3 x {self.heartbeat_s:g})")
 
     @property
     def worker_ttl_s(self) -> float:
@@ -117,7 +115,12 @@ class _Writer:
     together — events first (so a job's history is complete before its finish), then finishes."""
 
     def __init__(
-        self, store: Store, worker_id: str, on_rejected: Callable[[str], None], linger_s: float = 0.0, full: int = 1,
+        self,
+        store: Store,
+        worker_id: str,
+        on_rejected: Callable[[str], None],
+        linger_s: float = 0.0,
+        full: int = 1,
         busy: Callable[[], bool] = lambda: True,
     ) -> None:
         self._store = store
@@ -183,7 +186,9 @@ class _Writer:
                 await self._wake.wait()
                 continue
             if (
-                self._linger_s > 0 and not (self._flushes or self._closing) and len(self._finishes) < self._full
+                self._linger_s > 0
+                and not (self._flushes or self._closing)
+                and len(self._finishes) < self._full
                 and self._busy()
             ):
                 # Nobody waits on this write: let the finishes of jobs ending in the next moments share its
@@ -224,8 +229,24 @@ class _Execution:
     """One started execution: its fence, its event sequence, and the port its Context writes through."""
 
     __slots__ = (
-        "agent", "attempt", "cancel_requested", "claim", "command_seq", "commands", "commands_ready", "execution_id",
-        "fence", "finishing", "lost", "quotas", "seq", "started_at", "task", "unwritten", "usage", "worker",
+        "agent",
+        "attempt",
+        "cancel_requested",
+        "claim",
+        "command_seq",
+        "commands",
+        "commands_ready",
+        "execution_id",
+        "fence",
+        "finishing",
+        "lost",
+        "quotas",
+        "seq",
+        "started_at",
+        "task",
+        "unwritten",
+        "usage",
+        "worker",
     )
 
     def __init__(self, worker: Worker, claim: Claim, started: Started, agent: Agent) -> None:
@@ -303,8 +324,9 @@ class _Execution:
     async def _set_waiting(self, waiting: bool, payload: dict[str, Any]) -> None:
         await self.flush()  # the history stays in order: everything emitted before goes first
         self.seq += 1
-        event = NewEvent(self.fence, self.execution_id, self.seq, "job.waiting" if waiting else "job.resumed",
-                         dumps(payload))
+        event = NewEvent(
+            self.fence, self.execution_id, self.seq, "job.waiting" if waiting else "job.resumed", dumps(payload)
+        )
         if not await self.worker.store.set_waiting(event, waiting):
             self.worker._lose(self.fence.job_id)
             self.check()
@@ -405,11 +427,17 @@ class Worker:
         self._stopping = asyncio.Event()
         self._shutting_down = False
         self._writer = _Writer(
-            store, self.id, self._lose, self.config.write_linger_s, max(1, self.config.concurrency),
+            store,
+            self.id,
+            self._lose,
+            self.config.write_linger_s,
+            max(1, self.config.concurrency),
             busy=lambda: self._busy > 0,
         )
         self._adapter = BlockingAdapter(
-            "worker", self.config.blocking_max_in_flight, self.config.blocking_max_queued,
+            "worker",
+            self.config.blocking_max_in_flight,
+            self.config.blocking_max_queued,
             self.config.blocking_queue_timeout_s,
         )
         self._process_adapter: ProcessAdapter | None = None
@@ -417,8 +445,11 @@ class Worker:
         self._executions: asyncio.TaskGroup | None = None
         self.finished = 0
         self._obs = WorkerObserver(
-            self.id, heartbeat_s=self.config.heartbeat_s, lag_interval_s=self.config.lag_interval_s,
-            stall_threshold_s=self.config.stall_threshold_s, degraded_lag_s=self.config.degraded_lag_s,
+            self.id,
+            heartbeat_s=self.config.heartbeat_s,
+            lag_interval_s=self.config.lag_interval_s,
+            stall_threshold_s=self.config.stall_threshold_s,
+            degraded_lag_s=self.config.degraded_lag_s,
             degraded_for_s=self.config.degraded_for_s,
         )
         self._obs.watch_adapter(self._adapter)
@@ -427,8 +458,13 @@ class Worker:
     # -- public -----------------------------------------------------------------------------------------------------
     def info(self) -> WorkerInfo:
         return WorkerInfo(
-            id=self.id, host=self.host, pid=os.getpid(), concurrency=self.config.concurrency,
-            agents=tuple(self.agents), capabilities=tuple(self.config.capabilities), state=self.state,
+            id=self.id,
+            host=self.host,
+            pid=os.getpid(),
+            concurrency=self.config.concurrency,
+            agents=tuple(self.agents),
+            capabilities=tuple(self.config.capabilities),
+            state=self.state,
         )
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -595,7 +631,7 @@ class Worker:
                     raise
                 log.warning("claim failed: %s", exc)  # keep the claims already made
             finally:
-                for ref in slots[len(got):]:
+                for ref in slots[len(got) :]:
                     await self._release_worker_slot(ref)
             for c, ref in zip(got, slots, strict=False):
                 self._worker_slots[c.fence.job_id] = ref
@@ -725,7 +761,8 @@ class Worker:
                 if s is None:
                     log.warning(
                         "start CAS for job %s (epoch %d) matched no row: the claim was lost before it started",
-                        c.fence.job_id, c.fence.epoch,
+                        c.fence.job_id,
+                        c.fence.epoch,
                     )
                 if still_held:
                     self._free_slot()
@@ -746,12 +783,21 @@ class Worker:
         claim, agent = ex.claim, ex.agent
         began = time.monotonic()
         bind_log_context(  # this task's own context: every line logged for this job names it
-            job_id=claim.fence.job_id, execution_id=ex.execution_id, worker_id=self.id, agent=claim.agent,
+            job_id=claim.fence.job_id,
+            execution_id=ex.execution_id,
+            worker_id=self.id,
+            agent=claim.agent,
             epoch=claim.fence.epoch,
         )
         ctx = Context(
-            ex, job_id=claim.fence.job_id, execution_id=ex.execution_id, epoch=claim.fence.epoch,
-            attempt=ex.attempt, agent=claim.agent, tenant=claim.tenant, worker_id=self.id,
+            ex,
+            job_id=claim.fence.job_id,
+            execution_id=ex.execution_id,
+            epoch=claim.fence.epoch,
+            attempt=ex.attempt,
+            agent=claim.agent,
+            tenant=claim.tenant,
+            worker_id=self.id,
         )
         finish: Finish | None = None
         slot_held = True
@@ -805,9 +851,7 @@ class Worker:
             ex.finishing = True
             await self.faults.hit("before_finish", {claim.agent})
             matched = await self._writer.finish(finish)
-            self._obs.finished(
-                claim, ex.execution_id, finish.state, finish.error_code, time.monotonic() - began, matched
-            )
+            self._obs.finished(claim, ex.execution_id, finish.state, finish.error_code, time.monotonic() - began, matched)
             if not matched and not ex.lost:
                 log.warning("finish of job %s matched no row: ownership was lost", claim.fence.job_id)
             self.finished += 1
@@ -824,12 +868,26 @@ class Worker:
                     await self._release_worker_slot(worker_slot)
 
     def _finish(
-        self, ex: _Execution, state: JobState, *, result_json: str | None = None, error_code: str | None = None,
-        error: str | None = None, retry_delay_s: float = 0.0,
+        self,
+        ex: _Execution,
+        state: JobState,
+        *,
+        result_json: str | None = None,
+        error_code: str | None = None,
+        error: str | None = None,
+        retry_delay_s: float = 0.0,
     ) -> Finish:
         ex.seq += 1
         return Finish(
-            ex.fence, ex.execution_id, ex.started_at, state, ex.seq, result_json, error_code, error, retry_delay_s,
+            ex.fence,
+            ex.execution_id,
+            ex.started_at,
+            state,
+            ex.seq,
+            result_json,
+            error_code,
+            error,
+            retry_delay_s,
             dumps(ex.usage) if ex.usage else None,
         )
 
@@ -838,9 +896,7 @@ class Worker:
         if ex.attempt < ex.claim.max_attempts:
             delay = backoff_s(ex.attempt, self.config.retry_base_s, self.config.retry_cap_s)
             return self._finish(ex, JobState.SCHEDULED, error_code=code, error=message, retry_delay_s=delay)
-        return self._finish(
-            ex, JobState.DEAD, error_code=code, error=f"{message} (after {ex.attempt} attempts)"
-        )
+        return self._finish(ex, JobState.DEAD, error_code=code, error=f"{message} (after {ex.attempt} attempts)")
 
     def _lose(self, job_id: str) -> None:
         """This worker no longer owns `job_id`: stop its execution and write nothing more for it."""
@@ -853,9 +909,17 @@ class Worker:
             return
         ex.lost = True
         log.warning(
-            "job %s: ownership lost (epoch %d); stopping its execution", job_id, ex.fence.epoch,
-            extra={"state": JobState.LOST.value, "error_code": "owner_lost", "job_id": job_id,
-                   "execution_id": ex.execution_id, "epoch": ex.fence.epoch, "agent": ex.claim.agent},
+            "job %s: ownership lost (epoch %d); stopping its execution",
+            job_id,
+            ex.fence.epoch,
+            extra={
+                "state": JobState.LOST.value,
+                "error_code": "owner_lost",
+                "job_id": job_id,
+                "execution_id": ex.execution_id,
+                "epoch": ex.fence.epoch,
+                "agent": ex.claim.agent,
+            },
         )
         if ex.task is not None and ex.task is not asyncio.current_task():
             ex.task.cancel(f"OwnershipLost: job {job_id} epoch {ex.fence.epoch}")
@@ -871,7 +935,9 @@ class Worker:
     async def _run_in_process(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
         if self._process_adapter is None:
             self._process_adapter = ProcessAdapter(
-                "worker-process", max(1, (os.cpu_count() or 2) - 1), self.config.blocking_max_queued,
+                "worker-process",
+                max(1, (os.cpu_count() or 2) - 1),
+                self.config.blocking_max_queued,
                 self.config.blocking_queue_timeout_s,
             )
             self._obs.watch_adapter(self._process_adapter)  # tenure_blocking_*{adapter="worker-process"}
@@ -921,9 +987,7 @@ class Worker:
                 in_use[key] = len(await q.leases.holders(key))
             except StoreUnavailable:  # LeasesUnavailable too: the gauge keeps its last value
                 continue
-        self._obs.quotas_seen(
-            in_use, {k: spec.limit for k, spec in q.specs.items()}, q.rejections, q.fail_open_admitted
-        )
+        self._obs.quotas_seen(in_use, {k: spec.limit for k, spec in q.specs.items()}, q.rejections, q.fail_open_admitted)
 
     async def _quota_heartbeat_loop(self) -> None:
         """The heartbeat's quota half, on the same interval but its own task, so a slow store round trip never

@@ -131,7 +131,6 @@ def _job(row: asyncpg.Record) -> Job:
     )
 
 
-
 def _fence_arrays(fences: Iterable[Fence]) -> tuple[list[str], list[int], list[int]]:
     # In job id order: every multi-row write locks its rows in the same order, so two of them never deadlock.
     ids, epochs, tokens = [], [], []
@@ -149,7 +148,11 @@ class PostgresStore(_lease_ops.PoolLeases):
     claim_carries_finishes = False  # the finish runs on the pool and the claim on its own connection
 
     def __init__(
-        self, url: str, pool: asyncpg.Pool, claim_conn: asyncpg.Connection, claim_start: bool = False,
+        self,
+        url: str,
+        pool: asyncpg.Pool,
+        claim_conn: asyncpg.Connection,
+        claim_start: bool = False,
         signals: ChannelSignals | None = None,
     ) -> None:
         self._url = url
@@ -184,9 +187,7 @@ class PostgresStore(_lease_ops.PoolLeases):
                 dsn, min_size=1, max_size=pool_size, reset=_keep_session, server_settings=settings
             )
             try:
-                claim_conn = await asyncpg.connect(
-                    dsn, server_settings={"synchronous_commit": "off"} | (settings or {})
-                )
+                claim_conn = await asyncpg.connect(dsn, server_settings={"synchronous_commit": "off"} | (settings or {}))
             except BaseException:
                 await pool.close()
                 raise
@@ -288,8 +289,20 @@ class PostgresStore(_lease_ops.PoolLeases):
         cols: list[list[Any]] = [[] for _ in range(12)]
         for j in jobs:
             for i, v in enumerate(
-                (j.id, j.tenant, j.agent, j.input_json, j.priority, ",".join(j.requires), j.idem_digest,
-                 j.request_fingerprint, j.deadline_s, j.max_attempts, j.timeout_s, j.retry_safe)
+                (
+                    j.id,
+                    j.tenant,
+                    j.agent,
+                    j.input_json,
+                    j.priority,
+                    ",".join(j.requires),
+                    j.idem_digest,
+                    j.request_fingerprint,
+                    j.deadline_s,
+                    j.max_attempts,
+                    j.timeout_s,
+                    j.retry_safe,
+                )
             ):
                 cols[i].append(v)
         async with self._conn("enqueue") as conn:
@@ -335,7 +348,11 @@ class PostgresStore(_lease_ops.PoolLeases):
     async def list_jobs(self, flt: JobFilter) -> list[Job]:
         async with self._conn("list_jobs") as conn:
             rows = await conn.fetch(
-                Q["list_jobs"], flt.tenant, flt.state.value if flt.state else None, flt.agent, flt.before,
+                Q["list_jobs"],
+                flt.tenant,
+                flt.state.value if flt.state else None,
+                flt.agent,
+                flt.before,
                 flt.limit,
             )
         return [_job(r) for r in rows]
@@ -350,9 +367,7 @@ class PostgresStore(_lease_ops.PoolLeases):
         if job is None:
             raise NotFound(f"no job {job_id}")
         if row is None:
-            raise IllegalTransition(
-                f"job {job_id} is {job['state']}; only a finished, unsuccessful job can be requeued"
-            )
+            raise IllegalTransition(f"job {job_id} is {job['state']}; only a finished, unsuccessful job can be requeued")
         self._publish_events([job_id])
         return _job(job)
 
@@ -368,9 +383,7 @@ class PostgresStore(_lease_ops.PoolLeases):
                 rows = await self._claim_conn.fetch(
                     Q["claim_jobs"], worker_id, list(agents), list(capabilities), limit, ttl_s, token
                 )
-        return [
-            Claim(Fence(r[0], r[1], token), r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10]) for r in rows
-        ]
+        return [Claim(Fence(r[0], r[1], token), r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10]) for r in rows]
 
     async def claim_and_start(
         self, worker_id: str, agents: Sequence[str], capabilities: Sequence[str], limit: int, ttl_s: float
@@ -387,7 +400,13 @@ class PostgresStore(_lease_ops.PoolLeases):
         async with self._claim_lock:
             with _translate("claim_and_start"):
                 rows = await self._claim_conn.fetch(
-                    Q["claim_and_start"], worker_id, list(agents), list(capabilities), limit, ttl_s, token,
+                    Q["claim_and_start"],
+                    worker_id,
+                    list(agents),
+                    list(capabilities),
+                    limit,
+                    ttl_s,
+                    token,
                     executions,
                 )
         out = []
@@ -400,8 +419,13 @@ class PostgresStore(_lease_ops.PoolLeases):
         return out
 
     async def finish_and_claim(
-        self, worker_id: str, finishes: Sequence[Finish], agents: Sequence[str], capabilities: Sequence[str],
-        limit: int, ttl_s: float,
+        self,
+        worker_id: str,
+        finishes: Sequence[Finish],
+        agents: Sequence[str],
+        capabilities: Sequence[str],
+        limit: int,
+        ttl_s: float,
     ) -> tuple[list[str], list[tuple[Claim, Started]]]:
         done = await self.finish(worker_id, finishes)
         return done, await self.claim_and_start(worker_id, agents, capabilities, limit, ttl_s)
@@ -413,9 +437,7 @@ class PostgresStore(_lease_ops.PoolLeases):
         by_job = {s.fence.job_id: s for s in starts}
         ids, epochs, tokens = _fence_arrays(s.fence for s in starts)
         async with self._conn("start") as conn:
-            rows = await conn.fetch(
-                Q["start_executions"], worker_id, ids, epochs, tokens, [s.execution_id for s in starts]
-            )
+            rows = await conn.fetch(Q["start_executions"], worker_id, ids, epochs, tokens, [s.execution_id for s in starts])
         self._publish_events(r[0] for r in rows)
         out = []
         for job_id, attempt, started_at, _ in rows:
@@ -429,8 +451,20 @@ class PostgresStore(_lease_ops.PoolLeases):
         cols: list[list[Any]] = [[] for _ in range(12)]
         for f in sorted(finishes, key=lambda f: f.fence.job_id):  # rows locked in one order (see _fence_arrays)
             for i, v in enumerate(
-                (f.fence.job_id, f.fence.epoch, f.fence.token, f.execution_id, f.state.value, f.result_json,
-                 f.error_code, f.error_message, f.retry_delay_s, f.seq, f.started_at, f.usage_json)
+                (
+                    f.fence.job_id,
+                    f.fence.epoch,
+                    f.fence.token,
+                    f.execution_id,
+                    f.state.value,
+                    f.result_json,
+                    f.error_code,
+                    f.error_message,
+                    f.retry_delay_s,
+                    f.seq,
+                    f.started_at,
+                    f.usage_json,
+                )
             ):
                 cols[i].append(v)
         async with self._conn("finish") as conn:
@@ -471,17 +505,21 @@ class PostgresStore(_lease_ops.PoolLeases):
         self, worker_id: str, state: WorkerState, in_flight: int, held: Sequence[Fence], ttl_s: float
     ) -> HeartbeatReply:
         async with self._conn("heartbeat") as conn:
-            rows = await conn.fetch(
-                Q["heartbeat"], worker_id, state.value, in_flight, *_fence_arrays(held), ttl_s
-            )
+            rows = await conn.fetch(Q["heartbeat"], worker_id, state.value, in_flight, *_fence_arrays(held), ttl_s)
         return HeartbeatReply(frozenset(r[0] for r in rows), frozenset(r[0] for r in rows if r[1]))
 
     # -- registry -----------------------------------------------------------------------------------------------
     async def register_worker(self, info: WorkerInfo) -> None:
         async with self._conn("register_worker") as conn:
             await conn.execute(
-                Q["register_worker"], info.id, info.host, info.pid, info.concurrency, list(info.agents),
-                list(info.capabilities), info.state.value,
+                Q["register_worker"],
+                info.id,
+                info.host,
+                info.pid,
+                info.concurrency,
+                list(info.agents),
+                list(info.capabilities),
+                info.state.value,
             )
 
     async def set_worker_state(self, worker_id: str, state: WorkerState) -> None:
@@ -493,10 +531,17 @@ class PostgresStore(_lease_ops.PoolLeases):
             rows = await conn.fetch(Q["list_workers"], include_gone)
         return [
             WorkerInfo(
-                id=r["id"], host=r["host"], pid=r["pid"], concurrency=r["concurrency"],
-                agents=tuple(r["agents"]), capabilities=tuple(r["capabilities"]),
-                state=WorkerState(r["state"]), in_flight=r["in_flight"], started_at=r["started_at"],
-                last_heartbeat=r["last_heartbeat"], jobs_held=tuple(r["jobs_held"]),
+                id=r["id"],
+                host=r["host"],
+                pid=r["pid"],
+                concurrency=r["concurrency"],
+                agents=tuple(r["agents"]),
+                capabilities=tuple(r["capabilities"]),
+                state=WorkerState(r["state"]),
+                in_flight=r["in_flight"],
+                started_at=r["started_at"],
+                last_heartbeat=r["last_heartbeat"],
+                jobs_held=tuple(r["jobs_held"]),
             )
             for r in rows
         ]
@@ -506,19 +551,18 @@ class PostgresStore(_lease_ops.PoolLeases):
         epoch, seq = after if after is not None else (-1, -1)
         async with self._conn("read_events") as conn:
             rows = await conn.fetch(Q["read_events"], job_id, epoch, seq, limit)
-        return [
-            Event(job_id, r[0], r[1], r[2], r[3], None if r[4] is None else json.loads(r[4]), r[5]) for r in rows
-        ]
+        return [Event(job_id, r[0], r[1], r[2], r[3], None if r[4] is None else json.loads(r[4]), r[5]) for r in rows]
 
-    async def read_events_many(
-        self, cursors: Sequence[tuple[str, tuple[int, int] | None]], limit: int
-    ) -> list[Event]:
+    async def read_events_many(self, cursors: Sequence[tuple[str, tuple[int, int] | None]], limit: int) -> list[Event]:
         valid = [(j, c if c is not None else (-1, -1)) for j, c in cursors if is_uuid(j)]
         if not valid:
             return []
         async with self._conn("read_events_many") as conn:
             rows = await conn.fetch(
-                Q["read_events_many"], [j for j, _ in valid], [c[0] for _, c in valid], [c[1] for _, c in valid],
+                Q["read_events_many"],
+                [j for j, _ in valid],
+                [c[0] for _, c in valid],
+                [c[1] for _, c in valid],
                 limit,
             )
         return [Event(r[0], r[1], r[2], r[3], r[4], None if r[5] is None else json.loads(r[5]), r[6]) for r in rows]
@@ -527,8 +571,7 @@ class PostgresStore(_lease_ops.PoolLeases):
         async with self._conn("list_executions") as conn:
             rows = await conn.fetch(Q["list_executions"], job_id)
         return [
-            Execution(r[0], r[1], r[2], r[3], r[4], r[5], r[6], None if r[7] is None else json.loads(r[7]))
-            for r in rows
+            Execution(r[0], r[1], r[2], r[3], r[4], r[5], r[6], None if r[7] is None else json.loads(r[7])) for r in rows
         ]
 
     # -- sweeper ---------------------------------------------------------------------------------------------------
@@ -543,9 +586,12 @@ class PostgresStore(_lease_ops.PoolLeases):
                     state_of = {r[0]: r[1] for r in marked}
                     await conn.execute(
                         Q["sweep_lost_records"],
-                        [r["id"] for r in locked], [r["epoch"] for r in locked],
-                        [r["execution_id"] for r in locked], [r["owner"] for r in locked],
-                        [r["started_at"] for r in locked], [state_of[str(r["id"])] for r in locked],
+                        [r["id"] for r in locked],
+                        [r["epoch"] for r in locked],
+                        [r["execution_id"] for r in locked],
+                        [r["owner"] for r in locked],
+                        [r["started_at"] for r in locked],
+                        [state_of[str(r["id"])] for r in locked],
                     )
                     for job_id, state in state_of.items():
                         {"lost": report.lost, "queued": report.requeued, "dead": report.dead}[state].append(job_id)
@@ -674,8 +720,16 @@ class PostgresStore(_lease_ops.PoolLeases):
         to, expected = ("waiting", "running") if waiting else ("running", "waiting")
         async with self._conn("set_waiting") as conn:
             row = await conn.fetchrow(
-                Q["set_waiting"], f.job_id, f.epoch, f.token, event.execution_id, to, expected, event.seq,
-                event.type, event.payload_json,
+                Q["set_waiting"],
+                f.job_id,
+                f.epoch,
+                f.token,
+                event.execution_id,
+                to,
+                expected,
+                event.seq,
+                event.type,
+                event.payload_json,
             )
         if row is not None:
             self._publish_events([f.job_id])
@@ -687,9 +741,7 @@ class PostgresStore(_lease_ops.PoolLeases):
         except ValueError:
             data = {"jobs": None}
         if "events" in data:
-            events = tuple(
-                Event(e["j"], e["x"], e["e"], e["s"], e["t"], e["p"], e["ts"]) for e in data["events"]
-            )
+            events = tuple(Event(e["j"], e["x"], e["e"], e["s"], e["t"], e["p"], e["ts"]) for e in data["events"])
             self._notices.append(EventNotice(frozenset(e.job_id for e in events), events))
         else:
             jobs = data.get("jobs")

@@ -137,12 +137,8 @@ class RedisReadyIndex:
                     out.append(self._delivery(s, entry_id, fields))
         return out
 
-    async def _read(
-        self, consumer: str, streams: Sequence[str], count: int, block_ms: int | None
-    ) -> list[Delivery]:
-        answer: Any = await self._client.xreadgroup(
-            GROUP, consumer, {s: ">" for s in streams}, count=count, block=block_ms
-        )
+    async def _read(self, consumer: str, streams: Sequence[str], count: int, block_ms: int | None) -> list[Delivery]:
+        answer: Any = await self._client.xreadgroup(GROUP, consumer, {s: ">" for s in streams}, count=count, block=block_ms)
         out: list[Delivery] = []
         for stream, entries in answer or []:
             for entry_id, fields in entries:

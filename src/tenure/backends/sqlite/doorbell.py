@@ -114,8 +114,8 @@ class Watch:
             return
         pos = 0
         while pos + 16 <= len(data):
-            wd = int.from_bytes(data[pos:pos + 4], sys.byteorder, signed=True)
-            length = int.from_bytes(data[pos + 12:pos + 16], sys.byteorder)
+            wd = int.from_bytes(data[pos : pos + 4], sys.byteorder, signed=True)
+            length = int.from_bytes(data[pos + 12 : pos + 16], sys.byteorder)
             pos += 16 + length
             if wd == -1:
                 for event in self._events.values():

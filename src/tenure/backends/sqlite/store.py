@@ -120,12 +120,31 @@ def database_files(path: str | os.PathLike[str]) -> list[str]:
 
 def _job(r: sqlite3.Row | tuple[Any, ...]) -> Job:
     return Job(
-        id=r[0], tenant=r[1], agent=r[2], input=json.loads(r[3]), priority=r[4],
-        requires=tuple(t for t in r[5].split(",") if t), state=JobState(r[6]), owner=r[7], epoch=r[8],
-        execution_id=r[9], attempts=r[10], max_attempts=r[11], timeout_s=r[12], retry_safe=bool(r[13]),
-        result=None if r[14] is None else json.loads(r[14]), error_code=r[15], error_message=r[16],
-        created_at=r[17], updated_at=r[18], claimed_at=r[19], claim_expires_at=r[20],
-        execution_started_at=r[21], next_attempt_at=r[22], deadline=r[23], cancel_requested_at=r[24],
+        id=r[0],
+        tenant=r[1],
+        agent=r[2],
+        input=json.loads(r[3]),
+        priority=r[4],
+        requires=tuple(t for t in r[5].split(",") if t),
+        state=JobState(r[6]),
+        owner=r[7],
+        epoch=r[8],
+        execution_id=r[9],
+        attempts=r[10],
+        max_attempts=r[11],
+        timeout_s=r[12],
+        retry_safe=bool(r[13]),
+        result=None if r[14] is None else json.loads(r[14]),
+        error_code=r[15],
+        error_message=r[16],
+        created_at=r[17],
+        updated_at=r[18],
+        claimed_at=r[19],
+        claim_expires_at=r[20],
+        execution_started_at=r[21],
+        next_attempt_at=r[22],
+        deadline=r[23],
+        cancel_requested_at=r[24],
         finished_at=r[25],
     )
 
@@ -356,8 +375,20 @@ class SqliteStore:
             for j in jobs:
                 cur = db.execute(
                     Q["insert_job"],
-                    (j.id, j.tenant, j.agent, j.input_json, j.priority, ",".join(j.requires), j.idem_digest,
-                     j.request_fingerprint, j.deadline_s, j.max_attempts, j.timeout_s, int(j.retry_safe)),
+                    (
+                        j.id,
+                        j.tenant,
+                        j.agent,
+                        j.input_json,
+                        j.priority,
+                        ",".join(j.requires),
+                        j.idem_digest,
+                        j.request_fingerprint,
+                        j.deadline_s,
+                        j.max_attempts,
+                        j.timeout_s,
+                        int(j.retry_safe),
+                    ),
                 )
                 if cur.rowcount == 1:
                     out.append(Enqueued(j.id, True))
@@ -392,9 +423,7 @@ class SqliteStore:
             if job is None:
                 raise NotFound(f"no job {job_id}")
             if row is None:
-                raise IllegalTransition(
-                    f"job {job_id} is {job[6]}; only a finished, unsuccessful job can be requeued"
-                )
+                raise IllegalTransition(f"job {job_id} is {job[6]}; only a finished, unsuccessful job can be requeued")
             return _job(job)
 
         job = await self._run(lambda: self._tx(fn), "requeue")
@@ -420,9 +449,7 @@ class SqliteStore:
             return self._tx(lambda db: db.execute(Q["claim_jobs"], args).fetchall(), durable=False)
 
         rows = await self._run(fn, "claim")
-        return [
-            Claim(Fence(r[0], r[1], token), r[2], r[3], r[4], r[5], r[6], bool(r[7]), r[8], r[9], r[10]) for r in rows
-        ]
+        return [Claim(Fence(r[0], r[1], token), r[2], r[3], r[4], r[5], r[6], bool(r[7]), r[8], r[9], r[10]) for r in rows]
 
     async def claim_and_start(
         self, worker_id: str, agents: Sequence[str], capabilities: Sequence[str], limit: int, ttl_s: float
@@ -444,8 +471,13 @@ class SqliteStore:
         return out
 
     async def finish_and_claim(
-        self, worker_id: str, finishes: Sequence[Finish], agents: Sequence[str], capabilities: Sequence[str],
-        limit: int, ttl_s: float,
+        self,
+        worker_id: str,
+        finishes: Sequence[Finish],
+        agents: Sequence[str],
+        capabilities: Sequence[str],
+        limit: int,
+        ttl_s: float,
     ) -> tuple[list[str], list[tuple[Claim, Started]]]:
         if not finishes:
             return [], await self.claim_and_start(worker_id, agents, capabilities, limit, ttl_s)
@@ -503,7 +535,8 @@ class SqliteStore:
 
         def fn(db: sqlite3.Connection) -> list[str]:
             return [
-                f.job_id for f in fences
+                f.job_id
+                for f in fences
                 if db.execute(Q["release_claim"], (f.job_id, worker_id, f.epoch, f.token)).rowcount == 1
             ]
 
@@ -529,8 +562,15 @@ class SqliteStore:
 
     # -- registry -----------------------------------------------------------------------------------------------
     async def register_worker(self, info: WorkerInfo) -> None:
-        args = (info.id, info.host, info.pid, info.concurrency, json.dumps(list(info.agents)),
-                json.dumps(list(info.capabilities)), info.state.value)
+        args = (
+            info.id,
+            info.host,
+            info.pid,
+            info.concurrency,
+            json.dumps(list(info.agents)),
+            json.dumps(list(info.capabilities)),
+            info.state.value,
+        )
         await self._run(lambda: self._tx(lambda db: db.execute(Q["register_worker"], args)), "register_worker")
 
     async def set_worker_state(self, worker_id: str, state: WorkerState) -> None:
@@ -538,14 +578,20 @@ class SqliteStore:
         await self._run(lambda: self._tx(lambda db: db.execute(Q["set_worker_state"], args)), "set_worker_state")
 
     async def list_workers(self, include_gone: bool = False) -> list[WorkerInfo]:
-        rows = await self._run(
-            lambda: self._read(lambda db: db.execute(Q["list_workers"], (int(include_gone),)).fetchall())
-        )
+        rows = await self._run(lambda: self._read(lambda db: db.execute(Q["list_workers"], (int(include_gone),)).fetchall()))
         return [
             WorkerInfo(
-                id=r[0], host=r[1], pid=r[2], concurrency=r[3], agents=tuple(json.loads(r[4])),
-                capabilities=tuple(json.loads(r[5])), state=WorkerState(r[6]), in_flight=r[7],
-                started_at=r[8], last_heartbeat=r[9], jobs_held=tuple(json.loads(r[10])),
+                id=r[0],
+                host=r[1],
+                pid=r[2],
+                concurrency=r[3],
+                agents=tuple(json.loads(r[4])),
+                capabilities=tuple(json.loads(r[5])),
+                state=WorkerState(r[6]),
+                in_flight=r[7],
+                started_at=r[8],
+                last_heartbeat=r[9],
+                jobs_held=tuple(json.loads(r[10])),
             )
             for r in rows
         ]
@@ -558,9 +604,7 @@ class SqliteStore:
         )
         return [Event(job_id, r[0], r[1], r[2], r[3], None if r[4] is None else json.loads(r[4]), r[5]) for r in rows]
 
-    async def read_events_many(
-        self, cursors: Sequence[tuple[str, tuple[int, int] | None]], limit: int
-    ) -> list[Event]:
+    async def read_events_many(self, cursors: Sequence[tuple[str, tuple[int, int] | None]], limit: int) -> list[Event]:
         if not cursors:
             return []
 
@@ -575,12 +619,9 @@ class SqliteStore:
         return await self._run(lambda: self._read(fn), "read_events_many")
 
     async def list_executions(self, job_id: str) -> list[Execution]:
-        rows = await self._run(
-            lambda: self._read(lambda db: db.execute(Q["list_executions"], (job_id,)).fetchall())
-        )
+        rows = await self._run(lambda: self._read(lambda db: db.execute(Q["list_executions"], (job_id,)).fetchall()))
         return [
-            Execution(r[0], r[1], r[2], r[3], r[4], r[5], r[6], None if r[7] is None else json.loads(r[7]))
-            for r in rows
+            Execution(r[0], r[1], r[2], r[3], r[4], r[5], r[6], None if r[7] is None else json.loads(r[7])) for r in rows
         ]
 
     # -- sweeper ---------------------------------------------------------------------------------------------------
@@ -598,9 +639,7 @@ class SqliteStore:
                 else:
                     state, bucket, kind = "dead", report.dead, "job.dead"
                 db.execute(Q["sweep_mark_lost"], (job_id, state))
-                db.execute(
-                    Q["insert_execution"], (execution_id, job_id, epoch, owner, started_at, "lost", None)
-                )
+                db.execute(Q["insert_execution"], (execution_id, job_id, epoch, owner, started_at, "lost", None))
                 payload = json.dumps({"state": state, "error_code": "owner_lost", "worker_id": owner})
                 db.execute(Q["insert_event_next"], (job_id, epoch, execution_id, kind, payload))
                 bucket.append(job_id)
@@ -679,9 +718,7 @@ class SqliteStore:
         return int(row[0]), int(row[1])
 
     async def find_idempotent(self, tenant: str, idem_digest: bytes) -> tuple[str, bytes] | None:
-        row = await self._run(
-            lambda: self._read(lambda db: db.execute(Q["find_by_idem"], (tenant, idem_digest)).fetchone())
-        )
+        row = await self._run(lambda: self._read(lambda db: db.execute(Q["find_by_idem"], (tenant, idem_digest)).fetchone()))
         return None if row is None else (row[0], bytes(row[1]))
 
     async def record_circuit_failure(self, key: str) -> None:
@@ -736,9 +773,7 @@ class SqliteStore:
         return out
 
     async def read_commands(self, job_id: str, after_seq: int) -> list[Command]:
-        rows = await self._run(
-            lambda: self._read(lambda db: db.execute(Q["read_commands"], (job_id, after_seq)).fetchall())
-        )
+        rows = await self._run(lambda: self._read(lambda db: db.execute(Q["read_commands"], (job_id, after_seq)).fetchall()))
         return [Command(job_id, r[0], r[1], None if r[2] is None else json.loads(r[2]), r[3]) for r in rows]
 
     async def set_waiting(self, event: NewEvent, waiting: bool) -> bool:
@@ -749,9 +784,7 @@ class SqliteStore:
             args = (f.job_id, f.epoch, f.token, event.execution_id, to, expected)
             if db.execute(Q["set_waiting"], args).rowcount != 1:
                 return False
-            db.execute(
-                Q["insert_event"], (f.job_id, f.epoch, event.seq, event.execution_id, event.type, event.payload_json)
-            )
+            db.execute(Q["insert_event"], (f.job_id, f.epoch, event.seq, event.execution_id, event.type, event.payload_json))
             return True
 
         ok = await self._run(lambda: self._tx(fn), "set_waiting")
@@ -866,9 +899,7 @@ class SqliteStore:
         return await self._lease_run(lambda: self._tx(fn), "lease renew")
 
     async def release(self, key: str, holder: str) -> None:
-        await self._lease_run(
-            lambda: self._tx(lambda db: db.execute(Q["lease_release"], (key, holder))), "lease release"
-        )
+        await self._lease_run(lambda: self._tx(lambda db: db.execute(Q["lease_release"], (key, holder))), "lease release")
 
     async def acquire_in_line(self, key: str, ticket: str, limit: int, ttl_s: float) -> bool:
         _check_lease_args(limit, ttl_s)
@@ -971,6 +1002,8 @@ class _TurnWait:
     def __init__(self) -> None:
         self.acquired = False
         self.abandoned = False
+
+
 def _check_lease_args(limit: int, ttl_s: float) -> None:
     if limit < 0:
         raise ValueError(f"limit must be >= 0, got {limit}")
@@ -992,26 +1025,37 @@ def _finish_in(db: sqlite3.Connection, worker_id: str, finishes: Sequence[Finish
         f = x.fence
         row = db.execute(
             Q["finish_execution"],
-            (f.job_id, x.execution_id, f.epoch, f.token, x.state.value, x.result_json, x.error_code,
-             x.error_message, x.retry_delay_s),
+            (
+                f.job_id,
+                x.execution_id,
+                f.epoch,
+                f.token,
+                x.state.value,
+                x.result_json,
+                x.error_code,
+                x.error_message,
+                x.retry_delay_s,
+            ),
         ).fetchone()
         if row is None:
             continue
         retry = x.state is JobState.SCHEDULED
-        payload = json.dumps({
-            "state": x.state.value,
-            "result": None if x.result_json is None else json.loads(x.result_json),
-            "error_code": x.error_code, "error": x.error_message, "next_attempt_at": row[0],
-        })
+        payload = json.dumps(
+            {
+                "state": x.state.value,
+                "result": None if x.result_json is None else json.loads(x.result_json),
+                "error_code": x.error_code,
+                "error": x.error_message,
+                "next_attempt_at": row[0],
+            }
+        )
         db.execute(
             Q["insert_event"],
-            (f.job_id, f.epoch, x.seq, x.execution_id,
-             "execution.retrying" if retry else f"job.{x.state.value}", payload),
+            (f.job_id, f.epoch, x.seq, x.execution_id, "execution.retrying" if retry else f"job.{x.state.value}", payload),
         )
         db.execute(
             Q["insert_execution"],
-            (x.execution_id, f.job_id, f.epoch, worker_id, x.started_at,
-             "failed" if retry else x.state.value, x.usage_json),
+            (x.execution_id, f.job_id, f.epoch, worker_id, x.started_at, "failed" if retry else x.state.value, x.usage_json),
         )
         if x.error_code == "timeout":  # the agent's circuit breaker counts timeouts
             db.execute(Q["circuit_record_job_timeout"], (f.job_id,))
@@ -1020,7 +1064,11 @@ def _finish_in(db: sqlite3.Connection, worker_id: str, finishes: Sequence[Finish
 
 
 def _claim_and_start_in(
-    db: sqlite3.Connection, worker_id: str, agents: Sequence[str], capabilities: Sequence[str], limit: int,
+    db: sqlite3.Connection,
+    worker_id: str,
+    agents: Sequence[str],
+    capabilities: Sequence[str],
+    limit: int,
     ttl_s: float,
 ) -> list[tuple[Claim, Started]]:
     """The claim CAS and then the start CAS of each job it claimed, inside the caller's write transaction."""
