@@ -163,6 +163,30 @@ async def test_sigterm_releases_unstarted_claims_at_once_and_lets_running_jobs_f
     assert gone[a.pid] == "gone"
 
 
+async def test_a_cancel_in_the_pre_start_window_stops_the_start_and_the_job_ends_cancelled(
+    client: LocalClient, workers: list[WorkerProc], database_url: str, tmp_path: Path
+) -> None:
+    """A cancel that arrives while a job is claimed but not yet started: the start CAS refuses it, the job
+    ends cancelled with no execution.started, and the worker goes on to run the next job."""
+    a = spawn(workers, database_url, tmp_path, "a", env={"TENURE_FAULTS": "after_claim=sleep:3"})
+    job_id = await client.submit("echo", {"x": 1})
+    claimed = await eventually(lambda: owner_of(client, job_id, a.pid), 20, "worker a to claim the job")
+    assert claimed.state is JobState.QUEUED and claimed.execution_started_at is None
+    outcome = await client.store.cancel(job_id)
+    assert outcome.value in ("accepted", "requested")
+    job = await eventually(lambda: _terminal(client, job_id), 20, "the job to end")
+    await asyncio.sleep(3.5)  # past the parked start: it must not have run meanwhile
+    job = await client.job(job_id)
+    assert job.state is JobState.CANCELLED, job
+    assert job.execution_started_at is None and job.owner is None
+    types = [e.type for e in await client.events(job_id)]
+    assert "execution.started" not in types and types[-1] == "job.cancelled", types
+    assert await client.store.list_executions(job_id) == []
+    nxt = await client.submit("echo", {"x": 2})
+    assert (await eventually(lambda: _terminal(client, nxt), 20, "the next job")).state is JobState.SUCCEEDED
+    assert a.proc.poll() is None, a.log()
+
+
 async def _running(client: LocalClient, job_id: str) -> bool:
     return (await client.job(job_id)).state is JobState.RUNNING
 

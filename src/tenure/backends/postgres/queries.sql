@@ -523,8 +523,9 @@ SELECT count(*), extract(epoch FROM max(ts))::float8, extract(epoch FROM now()):
   FROM circuit_failures WHERE key = $1 AND ts > now() - make_interval(secs => $2)
 
 -- name: cancel_job --
--- Cancel: a job nobody owns (queued and unclaimed, or scheduled) is cancelled at once with its terminal event;
--- an owned unfinished one is flagged for its owner. Returns what happened, or nothing when the job is unknown.
+-- Cancel: a job that has not started (queued, claimed or not, or scheduled) is cancelled at once with its terminal
+-- event, and a claim it had is void (its owner's start CAS expects 'queued' and matches nothing); a running or
+-- waiting one is flagged for its owner. Returns what happened, or nothing when the job is unknown.
 WITH j AS (
     SELECT id, state, owner, execution_id, epoch FROM jobs
      WHERE id = $1::uuid AND ($2::text IS NULL OR tenant = $2) FOR UPDATE
@@ -532,16 +533,15 @@ WITH j AS (
     UPDATE jobs AS t
        SET state = 'cancelled', cancel_requested_at = coalesce(t.cancel_requested_at, now()),
            finished_at = now(), updated_at = now(), error_code = 'cancelled',
-           error_message = 'cancelled before it started', next_attempt_at = NULL
+           error_message = 'cancelled before it started', next_attempt_at = NULL, owner = NULL,
+           claim_expires_at = NULL
       FROM j
-     WHERE t.id = j.id AND ((j.state = 'queued' AND j.owner IS NULL AND j.execution_id IS NULL)
-                            OR j.state = 'scheduled')
+     WHERE t.id = j.id AND ((j.state = 'queued' AND j.execution_id IS NULL) OR j.state = 'scheduled')
     RETURNING t.id, t.epoch
 ), flagged AS (
     UPDATE jobs AS t SET cancel_requested_at = coalesce(t.cancel_requested_at, now()), updated_at = now()
       FROM j
-     WHERE t.id = j.id AND j.state IN ('queued', 'running', 'waiting')
-       AND NOT (j.state = 'queued' AND j.owner IS NULL AND j.execution_id IS NULL)
+     WHERE t.id = j.id AND j.state IN ('running', 'waiting')
     RETURNING t.id
 ), ev AS (
     INSERT INTO events (job_id, epoch, seq, type, payload)

@@ -271,20 +271,21 @@ DELETE FROM circuit_failures WHERE key = ? AND ts < {now} - 3600
 -- Failures of a key within the window, the latest one, and the server's clock.
 SELECT count(*), max(ts), {now} FROM circuit_failures WHERE key = ?1 AND ts > {now} - ?2
 
--- name: cancel_unowned --
--- Cancel a job nobody owns (queued and unclaimed, or waiting out a retry backoff) at once.
+-- name: cancel_unstarted --
+-- Cancel a job that has not started (queued, claimed or not, or waiting out a retry backoff) at once. A claim
+-- it had is void: its owner's start CAS expects 'queued' and matches nothing, its heartbeat no longer renews it.
 UPDATE jobs
    SET state = 'cancelled', cancel_requested_at = coalesce(cancel_requested_at, {now}), finished_at = {now},
        updated_at = {now}, error_code = 'cancelled', error_message = 'cancelled before it started',
-       next_attempt_at = NULL
+       next_attempt_at = NULL, owner = NULL, claim_expires_at = NULL
  WHERE id = ?1 AND (?2 IS NULL OR tenant = ?2)
-   AND ((state = 'queued' AND owner IS NULL AND execution_id IS NULL) OR state = 'scheduled')
+   AND ((state = 'queued' AND execution_id IS NULL) OR state = 'scheduled')
 RETURNING epoch
 
 -- name: cancel_request --
--- Flag an owned, unfinished job for cancellation; its owner acts on the flag.
+-- Flag a started, unfinished job for cancellation; its owner acts on the flag.
 UPDATE jobs SET cancel_requested_at = coalesce(cancel_requested_at, {now}), updated_at = {now}
- WHERE id = ?1 AND (?2 IS NULL OR tenant = ?2) AND state IN ('queued', 'running', 'waiting')
+ WHERE id = ?1 AND (?2 IS NULL OR tenant = ?2) AND state IN ('running', 'waiting')
 RETURNING id
 
 -- name: job_state --

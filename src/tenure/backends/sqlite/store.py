@@ -739,7 +739,7 @@ class SqliteStore:
 
     async def cancel(self, job_id: str, tenant: str | None = None) -> ControlOutcome:
         def fn(db: sqlite3.Connection) -> ControlOutcome:
-            row = db.execute(Q["cancel_unowned"], (job_id, tenant)).fetchone()
+            row = db.execute(Q["cancel_unstarted"], (job_id, tenant)).fetchone()
             if row is not None:
                 payload = json.dumps({"state": "cancelled", "error_code": "cancelled"})
                 db.execute(Q["insert_event_next"], (job_id, row[0], None, "job.cancelled", payload))
