@@ -13,6 +13,7 @@ async def echo(ctx: Context, input: dict) -> dict:
 from tenure.app import LocalClient, connect
 from tenure.contracts.errors import (
     ConfigError,
+    HandlerAborted,
     IdempotencyConflict,
     InputTooLarge,
     InvalidRequest,
@@ -40,6 +41,7 @@ __all__ = [
     "ConfigError",
     "Context",
     "Event",
+    "HandlerAborted",
     "IdempotencyConflict",
     "InputTooLarge",
     "InvalidRequest",

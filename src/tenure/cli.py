@@ -146,6 +146,12 @@ async def cmd_worker(args: argparse.Namespace) -> int:
         await store.close()
         if stop_metrics is not None:
             await stop_metrics()
+    if worker.abandoned:
+        # Handlers that ignore cancellation would keep asyncio.run from ever returning (it waits for every
+        # task): their jobs are finished and fenced, so the process ends without them.
+        log.error("exiting with %d abandoned handlers still running", len(worker.abandoned))
+        logging.shutdown()
+        os._exit(0)
     return 0
 
 

@@ -201,10 +201,10 @@ async def test_an_owner_listens_for_jobs_and_commands_on_one_connection_and_reco
         await owner.wait_for_jobs(0.01)
         assert await owner.wait_for_control(0.01) is None  # listening from now: check what came before
         assert await owner.wait_for_control(0.01) == frozenset()
-        listen_pid = owner._listen_conn.get_server_pid()  # type: ignore[attr-defined,union-attr]
+        listen_pid = owner._listen.connection.get_server_pid()  # type: ignore[attr-defined,union-attr]
         backends = await admin.fetch(
             "SELECT pid FROM pg_stat_activity WHERE query LIKE 'LISTEN%' AND pid = ANY($1::int[])",
-            [listen_pid, *(c.get_server_pid() for c in (owner._claim_conn,))],  # type: ignore[attr-defined]
+            [listen_pid, owner._claim.connection.get_server_pid()],  # type: ignore[attr-defined,union-attr]
         )
         assert [r["pid"] for r in backends] == [listen_pid]
         assert await admin.fetchval("SELECT pg_terminate_backend($1)", listen_pid)

@@ -22,7 +22,9 @@
         ├── LeaseLost               a quota lease of this execution expired or was taken: stop calling out
         ├── JobCancelled            the job was cancelled; the handler should stop
         ├── PermanentError          a handler failure that must not be retried (job → failed)
-        └── RetryableError          a handler failure worth another attempt (job → scheduled or dead)
+        ├── RetryableError          a handler failure worth another attempt (job → scheduled or dead)
+        └── HandlerAborted          a handler (or a call it offloaded) raised SystemExit, KeyboardInterrupt or
+                                    GeneratorExit: its own failure (retried like any error), never the worker's end
 
 Backends translate driver exceptions at their edge (`raise StoreUnavailable(...) from exc`), so no layer above
 `backends/` ever catches an asyncpg or sqlite3 exception.
@@ -204,3 +206,11 @@ class RetryableError(ExecutionError):
     """Raise from a handler for a failure worth another attempt. Any other exception is treated the same."""
 
     code = "retryable_error"
+
+
+class HandlerAborted(ExecutionError):
+    """A handler, or a call it offloaded, raised SystemExit, KeyboardInterrupt or GeneratorExit. It is that
+    execution's failure (retried like any other error) and ends nothing else: left as they are, asyncio would
+    re-raise the first two out of the event loop and end the worker process."""
+
+    code = "handler_aborted"

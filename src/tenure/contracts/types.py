@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import threading
 import time
 import uuid
@@ -61,8 +62,52 @@ def new_token() -> int:
 
 
 def dumps(value: Any) -> str:
-    """Compact JSON, the one encoding used for inputs, results and payloads."""
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    """Compact JSON, the one encoding used for inputs, results and payloads.
+
+    Only JSON that every store accepts: no NaN or infinities (`ValueError`), and no lone surrogate
+    (`"\\ud800"` is a Python string but not UTF-8, and PostgreSQL refuses it). Raising here, in the caller's
+    own call (`ctx.emit`, a handler's return), keeps a value no store can hold from reaching a batched write."""
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ValueError(
+                f"this value cannot be stored as UTF-8 JSON: it holds a lone surrogate ({text[exc.start]!r} at "
+                f"character {exc.start} of its JSON text)"
+            ) from None
+    return text
+
+
+_SURROGATES = re.compile("[\ud800-\udfff]")
+
+
+def clean_text(text: str, limit: int = 4000) -> str:
+    """`text` made safe for any store's text column and short enough to read: NUL characters removed, lone
+    surrogates replaced by U+FFFD, and at most `limit` characters (the cut is said)."""
+    if not text.isascii():
+        text = _SURROGATES.sub("\ufffd", text)
+    text = text.replace("\x00", "")
+    if len(text) > limit:
+        text = f"{text[:limit]}... ({len(text) - limit} more characters)"
+    return text
+
+
+def describe_error(exc: BaseException, limit: int = 4000) -> str:
+    """`Type: message` of an exception for a job's error, never raising: an exception whose `str()` raises is
+    described by its type alone, and the text is `clean_text`."""
+    try:
+        name = type(exc).__name__
+    except Exception:  # a hostile metaclass
+        name = "Exception"
+    try:
+        text = str(exc)
+    except Exception as failure:
+        try:
+            text = f"(its str() raised {type(failure).__name__})"
+        except Exception:
+            text = "(its str() raised)"
+    return clean_text(f"{name}: {text}" if text else name, limit)
 
 
 @dataclass(frozen=True, slots=True)

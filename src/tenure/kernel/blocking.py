@@ -39,7 +39,8 @@ import multiprocessing.context
 from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar
 
-from tenure.contracts.errors import AdapterClosed, AdapterOverloaded, AdapterSlotLost, ConfigError
+from tenure.contracts.errors import AdapterClosed, AdapterOverloaded, AdapterSlotLost, ConfigError, HandlerAborted
+from tenure.contracts.types import describe_error
 
 __all__ = ["BlockingAdapter", "ProcessAdapter"]
 
@@ -211,8 +212,13 @@ class _BoundedOffload:
             self._abandoned.add(operation)
 
     async def _operate(self, loop: asyncio.AbstractEventLoop, call: Callable[[], T]) -> T:
-        """The operation task's body: hand `call` to the executor and wait for it."""
-        return await loop.run_in_executor(self._executor, call)
+        """The operation task's body: hand `call` to the executor and wait for it. A call that raised SystemExit
+        or KeyboardInterrupt failed, nothing more: raised as is inside a task, asyncio would re-raise it out of
+        the event loop and end the process."""
+        try:
+            return await loop.run_in_executor(self._executor, call)
+        except (SystemExit, KeyboardInterrupt, GeneratorExit) as exc:
+            raise HandlerAborted(describe_error(exc)) from None
 
     def _prepare(self, call: Callable[[], T]) -> Callable[[], T]:
         """Adapt the call before it is submitted (the thread adapter carries context variables)."""

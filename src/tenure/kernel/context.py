@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol, TypeVar
 
-from tenure.contracts.types import dumps
+from tenure.contracts.types import clean_text, dumps
 
 T = TypeVar("T")
 
@@ -101,8 +101,8 @@ class Context:
         when this execution has too many unwritten events. Raises `OwnershipLost` once the job is no longer
         owned by this execution.
         """
-        if not type:
-            raise ValueError("an event needs a type")
+        if not isinstance(type, str) or not type or len(type) > 200 or clean_text(type) != type:
+            raise ValueError(f"an event type is a non-empty string of at most 200 characters, not {type!r}")
         await self._port.emit(type, dumps(payload))
 
     async def flush(self) -> None:

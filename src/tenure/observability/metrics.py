@@ -67,6 +67,9 @@ HEARTBEAT_LATENESS = Histogram(
     buckets=LAG_BUCKETS,
 )
 HEARTBEATS_LATE = Counter("tenure_heartbeats_late_total", "Heartbeats sent more than half an interval late", ["worker"])
+CLAIM_FAILURES = Counter(
+    "tenure_claim_failures_total", "Claim round trips that failed (the worker is degraded until one works)", ["worker"]
+)
 WORKER_STATE = Gauge(
     "tenure_worker_state",
     "1 for this worker's current lifecycle state (active, degraded, draining, gone)",

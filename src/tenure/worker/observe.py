@@ -64,6 +64,7 @@ class WorkerObserver:
         self._unwatch = [m.watch_lag(self.sampler, ROLE, worker_id)]
         self._hb_lateness = m.HEARTBEAT_LATENESS.labels(worker_id)
         self._hb_late = m.HEARTBEATS_LATE.labels(worker_id)
+        self._claim_failures = m.CLAIM_FAILURES.labels(worker_id)
         self._claimed_at: dict[str, float | None] = {}
         self._started_mono: dict[str, float] = {}
         self._shown_state: WorkerState | None = None
@@ -153,6 +154,10 @@ class WorkerObserver:
                 )
                 return WorkerState.ACTIVE
         return state
+
+    def claim_failed(self) -> None:
+        """One claim round trip failed (`tenure_claim_failures_total`)."""
+        self._claim_failures.inc()
 
     def show_state(self, state: WorkerState) -> None:
         """Export this worker's own state as `tenure_worker_state{worker, state}` (1 for the current one)."""

@@ -19,16 +19,18 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import os
 import socket
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from tenure.contracts.errors import (
     ConfigError,
+    HandlerAborted,
     JobCancelled,
     OwnershipLost,
     PermanentError,
@@ -50,6 +52,7 @@ from tenure.contracts.types import (
     Start,
     Started,
     WorkerInfo,
+    describe_error,
     dumps,
     new_id,
 )
@@ -70,6 +73,8 @@ MAX_RESULT_BYTES = 1024 * 1024
 # A waiting execution polls the store for its commands (persisted by the gateway before delivery).
 _COMMAND_POLL_MIN_S = 0.05
 _COMMAND_POLL_MAX_S = 1.0
+# A stopped handler (ownership lost, cancelled, timed out, drained) gets this long to end before it is abandoned.
+_CANCEL_GRACE_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,10 +217,14 @@ class _Writer:
                 if finishes:
                     self.settle(finishes, await self._store.finish(self._worker_id, [f for f, _ in finishes]))
                 retry_delay = 0.05
-            except StoreUnavailable as exc:
+            except Exception as exc:
                 # Keep everything and try again: appends are idempotent (ON CONFLICT DO NOTHING), and a finish
-                # that committed before the error is recognised by the caller.
-                log.warning("store unavailable while writing, retrying in %.2fs: %s", retry_delay, exc)
+                # that committed before the error is recognised by the caller. Values no store accepts never get
+                # here (`dumps`, `clean_text` refuse them in the execution that made them).
+                if isinstance(exc, StoreUnavailable):
+                    log.warning("store unavailable while writing, retrying in %.2fs: %s", retry_delay, exc)
+                else:
+                    log.exception("writing events and finishes failed, retrying in %.2fs", retry_delay)
                 self._events[:0], self._flushes[:0], self._finishes[:0] = events, flushes, finishes
                 await asyncio.sleep(retry_delay)
                 retry_delay = min(retry_delay * 2, 2.0)
@@ -233,12 +242,14 @@ class _Execution:
         "attempt",
         "cancel_requested",
         "claim",
+        "closed",
         "command_seq",
         "commands",
         "commands_ready",
         "execution_id",
         "fence",
         "finishing",
+        "handler",
         "lost",
         "quotas",
         "seq",
@@ -260,6 +271,8 @@ class _Execution:
         self.seq = 1  # seq 1 is execution.started, written by the start CAS
         self.lost = False
         self.finishing = False
+        self.closed = False  # the execution ended (or abandoned its handler): its port writes nothing more
+        self.handler: asyncio.Task[Any] | None = None  # the handler's own task (see Worker._run_handler)
         self.cancel_requested = False
         self.unwritten = 0
         self.usage: dict[str, float] = {}
@@ -273,13 +286,13 @@ class _Execution:
 
     # -- ExecutionPort -------------------------------------------------------------------------------------------
     def check(self) -> None:
-        if self.lost:
+        if self.lost or self.closed:
             raise OwnershipLost(f"job {self.fence.job_id} is no longer owned by epoch {self.fence.epoch}")
         if self.cancel_requested:
             raise JobCancelled(f"job {self.fence.job_id} was cancelled")
 
     async def emit(self, type: str, payload_json: str) -> None:
-        if self.lost:
+        if self.lost or self.closed:
             self.check()
         if self.seq == 1:
             self.worker._obs.first_event(self.fence.job_id, self.agent.spec.name)
@@ -302,6 +315,9 @@ class _Execution:
         return await self.worker._run_in_process(fn, *args, **kwargs)
 
     def record_usage(self, counts: dict[str, float]) -> None:
+        for k, v in counts.items():
+            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+                raise ValueError(f"usage counts are finite numbers, not {k}={v!r}")
         for k, v in counts.items():
             self.usage[k] = self.usage.get(k, 0) + v
 
@@ -419,7 +435,10 @@ class Worker:
         self.host = socket.gethostname()
         self.id = worker_id or f"{self.host}:{os.getpid()}:{new_id()[-8:]}"
         self.agents = sorted(app.agents)
-        self.state = WorkerState.ACTIVE
+        self.state = WorkerState.ACTIVE  # what the registry is told (see _check_liveness)
+        self._lag_state = WorkerState.ACTIVE  # the loop-lag half of it
+        self._claim_failures = 0  # claim round trips failed in a row
+        self._claim_failure_logged = 0.0
         self._claimed: dict[str, Claim] = {}  # claimed, not started
         self._running: dict[str, _Execution] = {}  # started, not finished
         self._busy = 0  # slots in use: claimed + running handlers
@@ -441,6 +460,8 @@ class Worker:
             self.config.blocking_queue_timeout_s,
         )
         self._process_adapter: ProcessAdapter | None = None
+        # Handlers that ignored their cancellation and run on after their execution ended (see _stop_handler).
+        self.abandoned: set[asyncio.Task[Any]] = set()
         self._last_renewed = time.monotonic()
         self._executions: asyncio.TaskGroup | None = None
         self.finished = 0
@@ -473,17 +494,16 @@ class Worker:
         await self.store.register_worker(self.info())
         log.info("worker %s up: %d slots, agents %s", self.id, self.config.concurrency, ", ".join(self.agents))
         async with asyncio.TaskGroup() as loops:
-            writer = loops.create_task(self._writer.run(), name="writer")
-            heartbeat = loops.create_task(self._heartbeat_loop(), name="heartbeat")
-            sweeper = loops.create_task(self._sweeper_loop(), name="sweeper")
+            writer = loops.create_task(_keep_running("writer", self._writer.run), name="writer")
+            heartbeat = loops.create_task(_keep_running("heartbeat", self._heartbeat_loop), name="heartbeat")
+            sweeper = loops.create_task(_keep_running("sweeper", self._sweeper_loop), name="sweeper")
             lag_sampler = loops.create_task(self._obs.sampler.run(), name="lag-sampler")
-            control = loops.create_task(self._control_loop(), name="control")
-            quota_wakeups = loops.create_task(self._quota_wakeups(), name="quota-wakeups")
+            control = loops.create_task(_keep_running("control", self._control_loop), name="control")
+            quota_wakeups = loops.create_task(_keep_running("quota", self._quota_wakeups), name="quota-wakeups")
             async with asyncio.TaskGroup() as executions:
                 self._executions = executions
-                claimer = executions.create_task(
-                    self._claim_loop() if self.ready_index is None else self._claim_loop_indexed(), name="claim-loop"
-                )
+                claim_loop = self._claim_loop if self.ready_index is None else self._claim_loop_indexed
+                claimer = executions.create_task(_keep_running("claim", claim_loop), name="claim-loop")
                 await stop.wait()
                 await self._drain(claimer)
             self._executions = None
@@ -502,7 +522,7 @@ class Worker:
         while not self._stopping.is_set():
             self._check_liveness()
             free = cfg.concurrency - self._busy
-            if free <= 0 or self.state is not WorkerState.ACTIVE:
+            if free <= 0 or not self._may_claim():
                 self._slot_freed.clear()
                 await self._wait_any(self._slot_freed.wait(), cfg.poll_s)
                 continue
@@ -518,9 +538,9 @@ class Worker:
             except StoreUnavailable as exc:
                 # A claim_and_start that committed before the error left running jobs nobody renews: the
                 # sweeper marks them lost after the claim TTL, as after a failed start.
-                log.warning("claim failed: %s", exc)
-                await self._wait_any(self._stopping.wait(), cfg.poll_s)
+                await self._claim_failed(exc)
                 continue
+            self._claim_worked()
             if not claims:
                 await self._wait_any(self.store.wait_for_jobs(cfg.poll_s), cfg.poll_s)
                 continue
@@ -570,7 +590,7 @@ class Worker:
         loop = asyncio.get_running_loop()
         while not self._stopping.is_set():
             free = cfg.concurrency - self._busy
-            if free <= 0 or self.state is not WorkerState.ACTIVE:
+            if free <= 0 or not self._may_claim():
                 self._slot_freed.clear()
                 await self._wait_any(self._slot_freed.wait(), cfg.poll_s)
                 continue
@@ -590,9 +610,9 @@ class Worker:
             try:
                 claims = await self._claim(free)
             except StoreUnavailable as exc:
-                log.warning("claim failed: %s", exc)
-                await self._wait_any(self._stopping.wait(), cfg.poll_s)
+                await self._claim_failed(exc)
                 continue
+            self._claim_worked()
             await self._ack_hints(deliveries, {c.fence.job_id for c in claims})
             if not claims:
                 if not index_up:
@@ -780,7 +800,9 @@ class Worker:
 
     # -- executing ---------------------------------------------------------------------------------------------------
     async def _execute(self, ex: _Execution) -> None:
-        claim, agent = ex.claim, ex.agent
+        """Run one execution to its finish CAS. Never raises (but for the cancellation of the worker's task
+        group): whatever its handler does ends this execution only, never the worker or another execution."""
+        claim = ex.claim
         began = time.monotonic()
         bind_log_context(  # this task's own context: every line logged for this job names it
             job_id=claim.fence.job_id,
@@ -799,21 +821,20 @@ class Worker:
             tenant=claim.tenant,
             worker_id=self.id,
         )
-        finish: Finish | None = None
         slot_held = True
         try:
             try:
-                payload = json.loads(claim.input_json)
-                async with asyncio.timeout(claim.timeout_s) as deadline:
-                    if agent.is_async:
-                        result = await agent.handler(ctx, payload)
-                    else:
-                        result = await self._adapter.run(agent.handler, ctx, payload)
-                result_json = dumps(result)
+                result = await self._run_handler(ex, ctx)
+                try:
+                    result_json = dumps(result)
+                except (TypeError, ValueError, RecursionError) as exc:
+                    raise PermanentError(f"the result cannot be stored: {describe_error(exc)}") from exc
                 if len(result_json) > MAX_RESULT_BYTES:
                     raise PermanentError(f"result is {len(result_json)} bytes; the limit is {MAX_RESULT_BYTES}")
                 finish = self._finish(ex, JobState.SUCCEEDED, result_json=result_json)
             except asyncio.CancelledError:
+                # Stopped from outside: ownership lost, a cancel request, or the drain timed out. Anything else
+                # is the cancellation of the worker's own task group, which must go on.
                 if not (ex.lost or ex.cancel_requested or self._shutting_down):
                     raise
                 task = asyncio.current_task()
@@ -825,25 +846,16 @@ class Worker:
                     finish = self._finish(ex, JobState.CANCELLED, error_code="cancelled", error="cancelled")
                 else:
                     finish = self._failure(ex, "worker_shutdown", "the worker shut down before the job finished")
-            except OwnershipLost:
-                return
-            except JobCancelled:
-                finish = self._finish(ex, JobState.CANCELLED, error_code="cancelled", error="cancelled")
-            except TimeoutError as exc:
-                if deadline.expired():
-                    finish = self._failure(ex, "timeout", f"the handler ran longer than {claim.timeout_s}s")
-                else:
-                    finish = self._failure(ex, "error", _describe(exc))
-            except PermanentError as exc:
-                finish = self._finish(ex, JobState.FAILED, error_code=exc.code, error=str(exc))
-            except TenureError as exc:
-                finish = self._failure(ex, exc.code, _describe(exc))
             except Exception as exc:
-                log.info("job %s attempt %d raised %s", claim.fence.job_id, ex.attempt, _describe(exc))
-                finish = self._failure(ex, "error", _describe(exc))
-            # The slot is execution capacity: free it now, while the finish waits for its round trip.
-            self._free_slot()
-            slot_held = False
+                outcome = self._outcome(ex, exc)
+                if outcome is None:
+                    return
+                finish = outcome
+            # The slot is execution capacity: free it now, while the finish waits for its round trip. A handler
+            # that ignored its cancellation keeps its slot until it ends (fail closed, like the blocking adapter).
+            if ex.handler is None or ex.handler.done():
+                self._free_slot()
+                slot_held = False
             if ex.lost:
                 return
             # From here the finish CAS is the fence: a heartbeat that races it and no longer finds the claim
@@ -855,9 +867,17 @@ class Worker:
             if not matched and not ex.lost:
                 log.warning("finish of job %s matched no row: ownership was lost", claim.fence.job_id)
             self.finished += 1
+        except asyncio.CancelledError:
+            raise
+        except BaseException:  # the last line: a defect of the worker's own, never the task group's end
+            log.exception("execution of job %s failed inside the worker", claim.fence.job_id)
         finally:
+            ex.closed = True
             if slot_held:
-                self._free_slot()
+                if ex.handler is None or ex.handler.done():
+                    self._free_slot()
+                else:
+                    ex.handler.add_done_callback(lambda _: self._free_slot())
             self._running.pop(claim.fence.job_id, None)
             if ex.quotas is not None and ex.quotas.blocks:
                 with contextlib.suppress(Exception):
@@ -866,6 +886,66 @@ class Worker:
             if worker_slot is not None:
                 with contextlib.suppress(Exception):
                     await self._release_worker_slot(worker_slot)
+
+    async def _run_handler(self, ex: _Execution, ctx: Context) -> Any:
+        """Run the handler in a task of its own and return its result, or raise its error (`_call_handler` makes
+        every error an `Exception`), or `_HandlerTimeout`. When this execution is stopped (CancelledError) or
+        times out, the handler is cancelled and given `_CANCEL_GRACE_S` to end; one that ignores cancellation
+        is abandoned (`self.abandoned`), so it cannot hold its execution, its finish or a drain hostage."""
+        payload = json.loads(ex.claim.input_json)
+        handler = asyncio.get_running_loop().create_task(
+            _call_handler(ex.agent, ctx, payload, self._adapter), name=f"handler-{ex.fence.job_id}"
+        )
+        ex.handler = handler
+        try:
+            done, _ = await asyncio.wait({handler}, timeout=ex.claim.timeout_s)
+        except asyncio.CancelledError:
+            await self._stop_handler(ex, handler)
+            raise
+        if not done:
+            stopped = await self._stop_handler(ex, handler)
+            raise _HandlerTimeout(ex.claim.timeout_s, stopped)
+        return handler.result()
+
+    async def _stop_handler(self, ex: _Execution, handler: asyncio.Task[Any]) -> bool:
+        """Cancel the handler (again every second: cleanup code may swallow one cancellation) until it ends or
+        `_CANCEL_GRACE_S` passed. False: it ignored every cancellation and runs on, abandoned."""
+        deadline = time.monotonic() + _CANCEL_GRACE_S
+        while not handler.done():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self.abandoned.add(handler)
+                handler.add_done_callback(self.abandoned.discard)
+                log.error(
+                    "job %s: the handler ignored its cancellation for %.0f s; abandoned (it keeps its slot until it "
+                    "ends, and writes nothing more)",
+                    ex.fence.job_id,
+                    _CANCEL_GRACE_S,
+                )
+                ex.closed = True  # its port refuses every later write
+                return False
+            handler.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait({handler}, timeout=min(1.0, left))
+        if not handler.cancelled():
+            handler.exception()  # retrieved: the outcome is the stop, not what the handler raised meanwhile
+        return True
+
+    def _outcome(self, ex: _Execution, exc: Exception) -> Finish | None:
+        """The finish of an execution whose handler raised `exc` (None: nothing is written, ownership is gone)."""
+        if isinstance(exc, OwnershipLost):
+            return None
+        if isinstance(exc, JobCancelled):
+            return self._finish(ex, JobState.CANCELLED, error_code="cancelled", error="cancelled")
+        if isinstance(exc, _HandlerTimeout):
+            return self._failure(ex, "timeout", str(exc))
+        if isinstance(exc, PermanentError):
+            return self._finish(ex, JobState.FAILED, error_code=exc.code, error=describe_error(exc).partition(": ")[2])
+        if isinstance(exc, TenureError):
+            return self._failure(ex, exc.code, describe_error(exc))
+        text = describe_error(exc)
+        log.info("job %s attempt %d raised %s", ex.fence.job_id, ex.attempt, text)
+        return self._failure(ex, "error", text)
 
     def _finish(
         self,
@@ -959,10 +1039,37 @@ class Worker:
             await self.heartbeat_once()
 
     def _check_liveness(self) -> None:
-        """Lag-aware liveness: active ⇄ degraded from the loop's lag (draining and gone are left alone)."""
+        """Liveness: `degraded` while the loop lags (it claims nothing new) or while its claims fail (it keeps
+        trying); `active` otherwise. Draining and gone are left alone. Reported by every heartbeat and by
+        `tenure_worker_state`: a worker that cannot claim must not look healthy."""
         if self.state in (WorkerState.ACTIVE, WorkerState.DEGRADED):
-            self.state = self._obs.liveness(self.state)
+            self._lag_state = self._obs.liveness(self._lag_state)
+            healthy = self._lag_state is WorkerState.ACTIVE and not self._claim_failures
+            self.state = WorkerState.ACTIVE if healthy else WorkerState.DEGRADED
         self._obs.show_state(self.state)
+
+    def _may_claim(self) -> bool:
+        """Claim now? Not while the loop lags, draining or gone; a worker degraded by failing claims tries."""
+        return self._lag_state is WorkerState.ACTIVE and self.state in (WorkerState.ACTIVE, WorkerState.DEGRADED)
+
+    async def _claim_failed(self, exc: StoreUnavailable) -> None:
+        """A claim round trip failed: count it, be `degraded` until one works again, and wait before the next
+        one (the poll interval, doubling to 5 s: the store's connection comes back with its own backoff)."""
+        self._claim_failures += 1
+        self._obs.claim_failed()
+        now = time.monotonic()
+        if self._claim_failures == 1 or now - self._claim_failure_logged > 10.0:
+            self._claim_failure_logged = now
+            log.warning("claim failed (%d in a row; degraded until a claim works): %s", self._claim_failures, exc)
+        self._check_liveness()
+        delay = min(self.config.poll_s * 2 ** min(self._claim_failures - 1, 10), max(self.config.poll_s, 5.0))
+        await self._wait_any(self._stopping.wait(), delay)
+
+    def _claim_worked(self) -> None:
+        if self._claim_failures:
+            log.info("claims work again after %d failures", self._claim_failures)
+            self._claim_failures = 0
+            self._check_liveness()
 
     async def renew_quotas(self) -> None:
         """Renew every quota lease of this process in one round trip; a lost one cancels its holding block."""
@@ -1114,11 +1221,45 @@ class Worker:
         log.info("worker %s gone after %d jobs", self.id, self.finished)
 
 
+async def _keep_running(name: str, loop: Callable[[], Awaitable[None]]) -> None:
+    """Run one of a worker's background loops. A loop that raises — a defect, or a driver error a backend failed
+    to translate — is logged and started again after a growing delay: no background loop ends but with its
+    worker (and a failing one must not take the worker's task group, and every job on it, down)."""
+    delay = 0.1
+    while True:
+        try:
+            await loop()
+            return
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("the %s loop failed; starting it again in %.1f s", name, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+
 def _store_leases(store: Store) -> Leases | None:
     # The SQL stores implement Leases too; the sweeper duty lives in the store unless Redis leases are given.
     return store if isinstance(store, Leases) else None
 
 
-def _describe(exc: BaseException) -> str:
-    text = str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+class _HandlerTimeout(Exception):
+    """The handler ran past its agent's timeout (and was stopped, or abandoned when it ignored that)."""
+
+    def __init__(self, timeout_s: float | None, stopped: bool) -> None:
+        text = f"the handler ran longer than {timeout_s}s"
+        if not stopped:
+            text += f" and ignored its cancellation for {_CANCEL_GRACE_S:g}s (abandoned)"
+        super().__init__(text)
+
+
+async def _call_handler(agent: Agent, ctx: Context, payload: Any, adapter: BlockingAdapter) -> Any:
+    """The handler's call, in its own task. The three exceptions that are not `Exception`s become one here:
+    asyncio re-raises SystemExit and KeyboardInterrupt out of any task into the event loop (ending the
+    process), and GeneratorExit would escape the execution into the worker's task group."""
+    try:
+        if agent.is_async:
+            return await agent.handler(ctx, payload)
+        return await adapter.run(agent.handler, ctx, payload)
+    except (SystemExit, KeyboardInterrupt, GeneratorExit) as exc:
+        raise HandlerAborted(describe_error(exc)) from None

@@ -8,7 +8,6 @@ which serialises the acquirers of one key with a transaction-scoped advisory loc
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -16,11 +15,11 @@ from typing import Any
 import asyncpg
 
 from tenure.backends._queries import load_queries
+from tenure.backends.postgres._connections import DRIVER_ERRORS
 from tenure.contracts.errors import LeasesUnavailable
 from tenure.contracts.store import LeaseRef
 
 Q = load_queries("tenure.backends.postgres")
-_DRIVER_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, asyncio.TimeoutError)
 
 
 def check_args(limit: int, ttl_s: float) -> None:
@@ -36,7 +35,7 @@ async def _conn(pool: Any, what: str) -> AsyncIterator[asyncpg.Connection]:
     try:
         async with pool.acquire() as conn:
             yield conn
-    except _DRIVER_ERRORS as exc:
+    except DRIVER_ERRORS as exc:
         raise LeasesUnavailable(f"PostgreSQL lease {what} failed: {exc}") from exc
 
 

@@ -20,13 +20,15 @@ from typing import TYPE_CHECKING
 
 import asyncpg
 
+from tenure.backends.postgres._connections import DRIVER_ERRORS
 from tenure.backends.postgres.store import _dsn
 from tenure.contracts.channel import Channel
 from tenure.contracts.errors import LeasesUnavailable
 
 DEFAULT_PREFIX = "tenure_chan:"
 _MAX_NAME = 63  # NAMEDATALEN - 1
-_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError)
+_ERRORS = DRIVER_ERRORS
+_SETTINGS = {"application_name": "tenure-channel"}
 
 
 class PostgresChannel:
@@ -52,7 +54,7 @@ class PostgresChannel:
         async with self._lock:
             try:
                 if self._conn is None or self._conn.is_closed():
-                    self._conn = await asyncpg.connect(self._dsn, timeout=self._timeout_s)
+                    self._conn = await asyncpg.connect(self._dsn, timeout=self._timeout_s, server_settings=_SETTINGS)
                 await self._conn.execute("SELECT pg_notify($1, $2)", self.name(topic), message)
             except _ERRORS as exc:
                 raise LeasesUnavailable(f"NOTIFY on {topic} failed: {exc}") from exc
@@ -68,7 +70,7 @@ class PostgresChannel:
             queue.put_nowait((by_name.get(channel, channel), payload))
 
         try:
-            conn = await asyncpg.connect(self._dsn, timeout=self._timeout_s)
+            conn = await asyncpg.connect(self._dsn, timeout=self._timeout_s, server_settings=_SETTINGS)
         except _ERRORS as exc:
             raise LeasesUnavailable(f"LISTEN failed: {exc}") from exc
         try:

@@ -28,6 +28,13 @@ import asyncpg
 
 from tenure.backends._queries import load_migrations, load_queries
 from tenure.backends.postgres import _lease_ops
+from tenure.backends.postgres._connections import (
+    CONNECT_TIMEOUT_S,
+    DRIVER_ERRORS,
+    DedicatedConnection,
+    broken,
+    translate,
+)
 from tenure.backends.signals import ChannelSignals
 from tenure.contracts.channel import Channel
 from tenure.contracts.errors import (
@@ -73,7 +80,6 @@ _EVENTS_CHANNEL = "tenure_events"
 _CONTROL_CHANNEL = "tenure_control"
 _LISTENER_LEASE_S = 30.0
 _LISTENER_RENEW_S = 10.0
-_DRIVER_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, asyncio.TimeoutError)
 _REQUEUEABLE = sorted(s.value for s in REQUEUEABLE)
 
 
@@ -92,12 +98,10 @@ def _dsn(url: str) -> str:
     return url
 
 
-@contextlib.contextmanager
-def _translate(what: str) -> Any:
-    try:
-        yield
-    except _DRIVER_ERRORS as exc:
-        raise StoreUnavailable(f"PostgreSQL failed during {what}: {exc}") from exc
+def _session_settings(channel: bool) -> dict[str, str]:
+    """Session settings of every connection: with a channel for live hints, `tenure_notify_events` sends no
+    NOTIFY (the store publishes after the commit instead)."""
+    return {"tenure.notify_events": "off"} if channel else {}
 
 
 def _job(row: asyncpg.Record) -> Job:
@@ -147,32 +151,30 @@ class PostgresStore(_lease_ops.PoolLeases):
     dialect = "postgres"
     claim_carries_finishes = False  # the finish runs on the pool and the claim on its own connection
 
-    def __init__(
-        self,
-        url: str,
-        pool: asyncpg.Pool,
-        claim_conn: asyncpg.Connection,
-        claim_start: bool = False,
-        signals: ChannelSignals | None = None,
-    ) -> None:
+    def __init__(self, url: str, pool: asyncpg.Pool, signals: ChannelSignals | None = None) -> None:
         self._url = url
         self._signals = signals
         self._pool = pool
-        self._claim_conn = claim_conn
-        self._claim_start = claim_start  # pg_temp.tenure_claim_start exists on the claim connection
+        settings = _session_settings(signals is not None)
+        # Connections outside the pool, each re-opened with backoff after a loss (_connections.py).
+        self._claim = DedicatedConnection(
+            "claim", _dsn(url), server_settings=settings | {"synchronous_commit": "off"}, setup=self._setup_claim
+        )
+        self._claim_start = True  # pg_temp.tenure_claim_start can be created on the claim connection
         self._claim_lock = asyncio.Lock()
-        self._listen_conn: asyncpg.Connection | None = None
+        self._listen = DedicatedConnection("listen", _dsn(url), server_settings=settings, setup=self._setup_listen)
         self._listen_lock = asyncio.Lock()
         self._wake = asyncio.Event()
         self._closed = False
-        self._events_conn: asyncpg.Connection | None = None
+        self._events = DedicatedConnection("events", _dsn(url), server_settings=settings, setup=self._setup_events)
         # While it listens for events, this store holds a lease in `event_listeners` (writers NOTIFY only then).
         self._listener_id = f"{socket.gethostname()}:{os.getpid()}:{new_id()}"
         self._listener_renewed = -math.inf
         self._events_lock = asyncio.Lock()
         self._notices: list[EventNotice] = []
         self._notice_ready = asyncio.Event()
-        self._listening_control = False  # the LISTEN connection also listens on tenure_control (an owner)
+        self._control_wanted = False  # an owner waits for commands: the LISTEN connection hears tenure_control
+        self._control_conn: asyncpg.Connection | None = None  # the connection that LISTENs on tenure_control
         self._control_jobs: set[str] | None = set()  # None: a listener was (re)established, check all
         self._control_ready = asyncio.Event()
 
@@ -180,28 +182,44 @@ class PostgresStore(_lease_ops.PoolLeases):
     async def connect(cls, url: str, pool_size: int = 4, channel: Channel | None = None) -> PostgresStore:
         """Open the pool and the claim connection. Does not migrate (see `migrate`). With a `channel`, live
         hints go over it instead of NOTIFY (the store owns and closes it)."""
-        dsn = _dsn(url)
-        settings = {"tenure.notify_events": "off"} if channel is not None else None
-        with _translate("connect"):
+        with translate("connect"):
             pool = await asyncpg.create_pool(
-                dsn, min_size=1, max_size=pool_size, reset=_keep_session, server_settings=settings
+                _dsn(url),
+                min_size=1,
+                max_size=pool_size,
+                reset=_keep_session,
+                timeout=CONNECT_TIMEOUT_S,
+                server_settings=_session_settings(channel is not None) | {"application_name": "tenure-pool"},
             )
-            try:
-                claim_conn = await asyncpg.connect(dsn, server_settings={"synchronous_commit": "off"} | (settings or {}))
-            except BaseException:
-                await pool.close()
-                raise
-        claim_start = True
+        store = cls(url, pool, None if channel is None else ChannelSignals(channel))
         try:
-            await claim_conn.execute(Q["claim_start_function"])
+            await store._claim.get()  # a wrong URL or a missing database fails here, at start-up
+        except BaseException:
+            await store.close()
+            raise
+        return store
+
+    async def _setup_claim(self, conn: asyncpg.Connection) -> None:
+        """Each new claim connection creates its session-local claim-and-start function (queries.sql)."""
+        if not self._claim_start:
+            return
+        try:
+            await conn.execute(Q["claim_start_function"])
         except asyncpg.PostgresError as exc:  # e.g. no TEMP privilege: claim and start in two round trips
             log.warning("pg_temp.tenure_claim_start not created, claiming and starting separately: %s", exc)
-            claim_start = False
-        except BaseException:
-            await claim_conn.close()
-            await pool.close()
-            raise
-        return cls(url, pool, claim_conn, claim_start, None if channel is None else ChannelSignals(channel))
+            self._claim_start = False
+
+    @contextlib.asynccontextmanager
+    async def _on_claim_conn(self, what: str) -> AsyncIterator[asyncpg.Connection]:
+        """The claim connection, one caller at a time; a call that finds it broken drops it for a new one."""
+        async with self._claim_lock:
+            with translate(what):
+                conn = await self._claim.get()
+                try:
+                    yield conn
+                except DRIVER_ERRORS as exc:
+                    self._claim.failed(conn, exc)
+                    raise
 
     async def close(self) -> None:
         if self._closed:
@@ -210,21 +228,26 @@ class PostgresStore(_lease_ops.PoolLeases):
         if self._signals is not None:
             await self._signals.close()
         if self._listener_renewed > -math.inf:
-            with contextlib.suppress(*_DRIVER_ERRORS):
+            with contextlib.suppress(*DRIVER_ERRORS):
                 async with asyncio.timeout(2), self._pool.acquire() as conn:
                     await conn.execute(Q["event_listener_leave"], self._listener_id)
-        for conn in (self._listen_conn, self._events_conn, self._claim_conn):
-            if conn is not None and not conn.is_closed():
-                with contextlib.suppress(*_DRIVER_ERRORS):
-                    await conn.close(timeout=2)
-        with contextlib.suppress(*_DRIVER_ERRORS):
+        for dedicated in (self._listen, self._events, self._claim):
+            await dedicated.close()
+        with contextlib.suppress(*DRIVER_ERRORS):
             await asyncio.wait_for(self._pool.close(), 5)
 
     @contextlib.asynccontextmanager
     async def _conn(self, what: str) -> AsyncIterator[asyncpg.Connection]:
-        with _translate(what):
+        with translate(what):
             async with self._pool.acquire() as conn:
-                yield conn
+                try:
+                    yield conn
+                except DRIVER_ERRORS as exc:
+                    if broken(conn, exc):
+                        # Its protocol state is unknown (an operation may still be "in progress" in it): the
+                        # pool must open a new one rather than hand this one to the next caller.
+                        conn.terminate()
+                    raise
 
     async def _events_changed(self, conn: asyncpg.Connection, job_ids: list[str]) -> None:
         """Inside a transaction: NOTIFY that these histories grew (delivered at commit). With a channel, nothing
@@ -378,11 +401,8 @@ class PostgresStore(_lease_ops.PoolLeases):
         if limit <= 0:
             return []
         token = new_token()
-        async with self._claim_lock:
-            with _translate("claim"):
-                rows = await self._claim_conn.fetch(
-                    Q["claim_jobs"], worker_id, list(agents), list(capabilities), limit, ttl_s, token
-                )
+        async with self._on_claim_conn("claim") as conn:
+            rows = await conn.fetch(Q["claim_jobs"], worker_id, list(agents), list(capabilities), limit, ttl_s, token)
         return [Claim(Fence(r[0], r[1], token), r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10]) for r in rows]
 
     async def claim_and_start(
@@ -397,18 +417,10 @@ class PostgresStore(_lease_ops.PoolLeases):
             return [(by_job[s.fence.job_id], s) for s in started]
         token = new_token()
         executions = [new_id() for _ in range(limit)]
-        async with self._claim_lock:
-            with _translate("claim_and_start"):
-                rows = await self._claim_conn.fetch(
-                    Q["claim_and_start"],
-                    worker_id,
-                    list(agents),
-                    list(capabilities),
-                    limit,
-                    ttl_s,
-                    token,
-                    executions,
-                )
+        async with self._on_claim_conn("claim_and_start") as conn:
+            rows = await conn.fetch(
+                Q["claim_and_start"], worker_id, list(agents), list(capabilities), limit, ttl_s, token, executions
+            )
         out = []
         for r in rows:
             fence = Fence(r[0], r[1], token)
@@ -617,36 +629,44 @@ class PostgresStore(_lease_ops.PoolLeases):
     def _on_listen_lost(self, *_: object) -> None:
         # The LISTEN connection died: polling (the wait timeout) is the floor until the next wait reconnects,
         # and commands may have been missed meanwhile: the owner checks all its jobs.
-        self._listen_conn = None
         self._wake.set()
-        if self._listening_control:
-            self._listening_control = False
+        if self._control_wanted:
             self._control_jobs = None
             self._control_ready.set()
 
+    async def _setup_listen(self, conn: asyncpg.Connection) -> None:
+        await conn.add_listener(_CHANNEL, self._on_notify)
+        conn.add_termination_listener(self._on_listen_lost)
+        if self._control_wanted:
+            await self._listen_control(conn)
+
+    async def _listen_control(self, conn: asyncpg.Connection) -> None:
+        await conn.add_listener(_CONTROL_CHANNEL, self._on_control)
+        self._control_conn = conn
+        # Commands sent before this LISTEN took effect were not heard: the owner checks them all.
+        self._control_jobs = None
+        self._control_ready.set()
+
     async def _ensure_listening(self, control: bool = False) -> None:
         """A worker's one LISTEN connection: `tenure_jobs` (wake-ups), and `tenure_control` once it waits for
-        commands. One connection, not two: a NOTIFY on any channel wakes every listening backend."""
-        conn = self._listen_conn
-        if conn is not None and not conn.is_closed() and (self._listening_control or not control):
+        commands. One connection, not two: a NOTIFY on any channel wakes every listening backend. A failure
+        leaves the caller polling; the connection is tried again after its backoff (_connections.py)."""
+        if control:
+            self._control_wanted = True  # from now on every LISTEN connection hears commands too
+        conn = self._listen.connection
+        if conn is not None and (conn is self._control_conn or not self._control_wanted):
             return
         async with self._listen_lock:
-            conn = self._listen_conn
-            try:
-                if conn is None or conn.is_closed():
-                    conn = await asyncpg.connect(_dsn(self._url))
-                    await conn.add_listener(_CHANNEL, self._on_notify)
-                    conn.add_termination_listener(self._on_listen_lost)
-                    self._listening_control = False
-                    self._listen_conn = conn
-                if control and not self._listening_control:
-                    await conn.add_listener(_CONTROL_CHANNEL, self._on_control)
-                    self._listening_control = True
-                    # Commands sent before this LISTEN took effect were not heard: the owner checks them all.
-                    self._control_jobs = None
-                    self._control_ready.set()
-            except _DRIVER_ERRORS as exc:
-                log.warning("LISTEN failed, polling (and heartbeats for commands) meanwhile: %s", exc)
+            conn = self._listen.connection
+            with contextlib.suppress(StoreUnavailable), translate("LISTEN"):
+                if conn is None:
+                    await self._listen.get()
+                elif self._control_wanted and conn is not self._control_conn:
+                    try:
+                        await self._listen_control(conn)
+                    except DRIVER_ERRORS as exc:
+                        self._listen.failed(conn, exc)
+                        raise
 
     async def wait_for_jobs(self, timeout_s: float) -> None:
         if not self._closed:
@@ -752,7 +772,7 @@ class PostgresStore(_lease_ops.PoolLeases):
         """Keep this store's row in `event_listeners` while it listens (renewed every 10 s, a 30 s lease).
         The first one commits before anything is read, so every append after it is notified."""
         now = time.monotonic()
-        if self._events_conn is None or now - self._listener_renewed < _LISTENER_RENEW_S:
+        if self._events.connection is None or now - self._listener_renewed < _LISTENER_RENEW_S:
             return
         try:
             async with self._conn("event_listener_renew") as conn:
@@ -769,26 +789,22 @@ class PostgresStore(_lease_ops.PoolLeases):
 
     def _on_events_lost(self, *_: object) -> None:
         # Notifications may have been missed while the listener was down: every subscriber checks its history.
-        self._events_conn = None
         self._notices.append(EventNotice(None))
         self._notice_ready.set()
 
+    async def _setup_events(self, conn: asyncpg.Connection) -> None:
+        await conn.add_listener(_EVENTS_CHANNEL, self._on_events)
+        conn.add_termination_listener(self._on_events_lost)
+        self._notices.append(EventNotice(None))  # anything appended before we listened
+        self._notice_ready.set()
+
     async def _ensure_events_listener(self) -> None:
-        if self._events_conn is not None and not self._events_conn.is_closed():
+        """The gateway's LISTEN on `tenure_events`; while it is down (backoff), readers poll the history."""
+        if self._events.connection is not None:
             return
         async with self._events_lock:
-            if self._events_conn is not None and not self._events_conn.is_closed():
-                return
-            try:
-                conn = await asyncpg.connect(_dsn(self._url))
-                await conn.add_listener(_EVENTS_CHANNEL, self._on_events)
-                conn.add_termination_listener(self._on_events_lost)
-            except _DRIVER_ERRORS as exc:
-                log.warning("LISTEN %s failed, readers poll the history meanwhile: %s", _EVENTS_CHANNEL, exc)
-                return
-            self._events_conn = conn
-            self._notices.append(EventNotice(None))  # anything appended before we listened
-            self._notice_ready.set()
+            with contextlib.suppress(StoreUnavailable):
+                await self._events.get()
 
     def _on_control(self, _conn: object, _pid: int, _channel: str, body: str) -> None:
         if self._control_jobs is not None:

@@ -1,0 +1,147 @@
+"""The PostgreSQL backend's edge: which driver errors mean "PostgreSQL failed", and the connections a store holds
+outside its pool.
+
+A failover, a server restart, `idle_session_timeout` or a proxy all end a connection the way
+`pg_terminate_backend` does. asyncpg's pool replaces a pooled connection it finds closed; a connection held
+outside the pool (the claim connection, the LISTEN connections) has nobody to do that, so it is a
+`DedicatedConnection`: opened on first use, dropped when a call finds it broken, and opened again on a later
+use — never sooner than a growing, jittered delay after a failed attempt, so a database that is down is not
+hammered by every worker at once, and a caller learns at once (`StoreUnavailable`) that it is down.
+
+Every connection names its kind in `application_name` (`tenure-pool`, `tenure-claim`, `tenure-listen`,
+`tenure-events`, `tenure-channel`), so an operator can tell them apart in `pg_stat_activity`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+
+import asyncpg
+
+from tenure.contracts.errors import StoreUnavailable
+
+log = logging.getLogger("tenure.store.postgres")
+
+DRIVER_ERRORS: tuple[type[BaseException], ...] = (
+    asyncpg.PostgresError,  # the server's errors, a terminated backend (AdminShutdownError) among them
+    asyncpg.InterfaceError,  # the client's: a closed connection, a closing pool, a misuse of the protocol
+    # The protocol's own state machine, e.g. "cannot switch to state 12; another operation (2) is in progress"
+    # after a connection was lost mid-operation: not an InterfaceError, and it killed a worker's heartbeat.
+    asyncpg.exceptions.InternalClientError,
+    OSError,  # sockets: refused, reset, unreachable
+    TimeoutError,  # connect and command timeouts
+)
+"""Every exception asyncpg raises for a failed round trip; the backend translates them to `StoreUnavailable`."""
+
+CONNECT_TIMEOUT_S = 5.0
+
+
+@contextlib.contextmanager
+def translate(what: str) -> Iterator[None]:
+    """Turn a driver error inside the block into `StoreUnavailable` (the cause kept)."""
+    try:
+        yield
+    except DRIVER_ERRORS as exc:
+        raise StoreUnavailable(f"PostgreSQL failed during {what}: {type(exc).__name__}: {exc}") from exc
+
+
+def broken(conn: asyncpg.Connection, exc: BaseException) -> bool:
+    """Whether `conn` must not be used again after `exc`: it is closed, or the error came from the client side
+    (its protocol state is unknown). A server error on a live connection (a constraint, a serialization
+    failure) leaves it usable."""
+    return (
+        conn.is_closed()
+        or not isinstance(exc, asyncpg.PostgresError)
+        or isinstance(exc, asyncpg.PostgresConnectionError | asyncpg.exceptions.OperatorInterventionError)
+    )
+
+
+class DedicatedConnection:
+    """One connection of a store's own, outside its pool (see the module docstring).
+
+    `get()` answers the open connection, or opens one and runs `setup` on it; while the delay after a failed
+    attempt runs it raises `StoreUnavailable` at once. `drop()` discards a connection a caller found broken
+    (`broken()`), so the next `get()` opens a new one. Owned by one store; `close()` ends it."""
+
+    def __init__(
+        self,
+        kind: str,
+        dsn: str,
+        *,
+        server_settings: Mapping[str, str] | None = None,
+        setup: Callable[[asyncpg.Connection], Awaitable[None]] | None = None,
+        min_delay_s: float = 0.1,
+        max_delay_s: float = 5.0,
+    ) -> None:
+        self.kind = kind
+        self._dsn = dsn
+        self._settings = dict(server_settings or {}) | {"application_name": f"tenure-{kind}"}
+        self._setup = setup
+        self._min_delay_s = min_delay_s
+        self._max_delay_s = max_delay_s
+        self._conn: asyncpg.Connection | None = None
+        self._delay_s = 0.0
+        self._retry_at = 0.0
+        self._closed = False
+        self.reconnects = 0
+        """Connections opened after the first one (after a loss)."""
+
+    @property
+    def connection(self) -> asyncpg.Connection | None:
+        """The open connection, if there is one (no round trip)."""
+        conn = self._conn
+        return conn if conn is not None and not conn.is_closed() else None
+
+    async def get(self) -> asyncpg.Connection:
+        """The open connection, or a new one (see the class docstring)."""
+        conn = self.connection
+        if conn is not None:
+            return conn
+        if self._closed:
+            raise StoreUnavailable(f"the {self.kind} connection is closed")
+        wait = self._retry_at - time.monotonic()
+        if wait > 0:
+            raise StoreUnavailable(f"the {self.kind} connection to PostgreSQL is down; reconnecting in {wait:.1f} s")
+        first = self._conn is None and self.reconnects == 0 and self._delay_s == 0.0
+        try:
+            with translate(f"connect ({self.kind})"):
+                conn = await asyncpg.connect(self._dsn, timeout=CONNECT_TIMEOUT_S, server_settings=self._settings)
+                try:
+                    if self._setup is not None:
+                        await self._setup(conn)
+                except BaseException:
+                    conn.terminate()
+                    raise
+        except StoreUnavailable as exc:
+            self._delay_s = min(self._max_delay_s, max(self._min_delay_s, self._delay_s * 2))
+            self._retry_at = time.monotonic() + self._delay_s * random.uniform(0.5, 1.0)
+            log.warning("%s; next attempt in at most %.1f s", exc, self._delay_s)
+            raise
+        if not first:
+            self.reconnects += 1
+            log.info("the %s connection to PostgreSQL is back", self.kind)
+        self._conn, self._delay_s, self._retry_at = conn, 0.0, 0.0
+        return conn
+
+    def drop(self) -> None:
+        """Discard the current connection (found broken); the next `get()` opens another."""
+        conn, self._conn = self._conn, None
+        if conn is not None and not conn.is_closed():
+            conn.terminate()
+
+    def failed(self, conn: asyncpg.Connection, exc: BaseException) -> None:
+        """A call on `conn` raised `exc`: drop the connection if it is `broken`."""
+        if conn is self._conn and broken(conn, exc):
+            self.drop()
+
+    async def close(self) -> None:
+        """Close the connection for good. Idempotent."""
+        self._closed = True
+        conn, self._conn = self._conn, None
+        if conn is not None and not conn.is_closed():
+            with contextlib.suppress(*DRIVER_ERRORS):
+                await conn.close(timeout=2)
