@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +23,7 @@ from starlette.websockets import WebSocket
 
 from tenure.contracts.errors import InvalidRequest, TenureError
 from tenure.contracts.types import ControlOutcome, dumps
+from tenure.control.admission import ENVELOPE_DEPTH, InvalidJSON, parse_json, shown
 from tenure.gateway.auth import Principal
 from tenure.gateway.problems import Problem, from_error
 from tenure.gateway.requests import check_submit_body, parse_cursor_param
@@ -111,9 +111,11 @@ class WsSession:
 
     async def _handle(self, text: str) -> None:
         try:
-            frame = json.loads(text)
-        except ValueError as exc:
-            self._error(None, Problem(400, "Malformed JSON", f"the frame is not valid JSON: {exc}", "bad-json"))
+            # The same reader as HTTP bodies: a lone surrogate (even in `ref`, which is echoed back) or a deep
+            # frame is refused here, before anything could fail to encode or recurse.
+            frame = parse_json(text, "the frame", max_depth=ENVELOPE_DEPTH)
+        except InvalidJSON as exc:
+            self._error(None, from_error(exc))
             return
         ref = frame.get("ref") if isinstance(frame, dict) else None
         try:
@@ -124,6 +126,10 @@ class WsSession:
             self._error(ref, p)
         except TenureError as exc:
             self._error(ref, from_error(exc))
+        except Exception:
+            # A bug must cost this frame, not the socket and every other stream on it (HTTP answers a 500).
+            log.exception("unhandled error on a websocket frame")
+            self._error(ref, Problem(500, "Internal error", "the gateway failed on this frame; it is logged", "internal"))
 
     async def _dispatch(self, op: str, frame: dict[str, Any], ref: Any) -> None:
         if op == "ping":
@@ -157,7 +163,7 @@ class WsSession:
                 raise Problem(404, "Not found", f"no job {job_id}", "not-found", outcome=outcome.value)
             self.send({"op": op, "ref": ref, "job_id": job_id, "outcome": outcome.value})
         else:
-            raise Problem(400, "Unknown op", f"unknown op {op!r}", "bad-frame")
+            raise Problem(400, "Unknown op", f"unknown op {shown(op)}", "bad-frame")
 
     async def _job(self, frame: dict[str, Any]) -> str:
         job_id = frame.get("job_id")
