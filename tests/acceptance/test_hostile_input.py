@@ -14,8 +14,7 @@ import httpx
 import pytest
 import websockets
 
-from tests.acceptance.up import KEYS, Up
-from tests.conftest import drop_pg_schema, new_pg_schema, pg_url
+from tests.acceptance.up import KEYS, Up, store_url
 
 pytestmark = pytest.mark.slow
 
@@ -61,17 +60,11 @@ HOSTILE_BODIES: list[tuple[str, bytes, int, str]] = [
 @pytest.fixture(scope="module", params=["sqlite", "postgres"])
 def up(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
     d: Path = tmp_path_factory.mktemp(f"hostile-{request.param}")
-    schema = asyncio.run(new_pg_schema()) if request.param == "postgres" else None
-    url = pg_url(schema) if schema else f"sqlite:///{d}/tenure.db"
-    server = Up(url, d, workers=1)
-    try:
+    with store_url(request.param, d) as url:
+        server = Up(url, d, workers=1)
         yield server
         assert server.stop() == 0, server.log()
         assert "Traceback" not in server.log()
-    finally:
-        server.stop()
-        if schema:
-            asyncio.run(drop_pg_schema(schema))
 
 
 def is_problem(r: httpx.Response, status: int, kind: str | None = None) -> dict[str, Any]:

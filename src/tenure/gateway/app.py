@@ -343,6 +343,12 @@ class Gateway:
         last_id = request.headers.get("last-event-id")
         if last_id:
             after = parse_cursor_param(last_id.strip(), "Last-Event-ID")
+        # A finished job with nothing after the cursor (a reconnect at or past its terminal event): 204, the HTML
+        # standard's "stop reconnecting". Otherwise EventSource reconnects after every finished stream and holds
+        # a connection of keep-alives forever. The job was read before the events, so a terminal event appended
+        # between the two reads is seen here, and a requeue after them is found by the next request.
+        if job.state.terminal and not await self.store.read_events(job.id, after, 1):
+            return Response(status_code=204, headers={"Cache-Control": "no-cache"})
         sub = self.hub.subscribe(job.id, after)
 
         async def stream() -> AsyncIterator[str]:

@@ -6,7 +6,8 @@ Client frames are JSON objects with an `op` and an optional `ref` echoed in the 
     {"op": "subscribe", "job_id": "...", "after": "1-42"}        {"op": "unsubscribe", "job_id": "..."}
     {"op": "cancel" | "input" | "approve", "job_id": "...", ...}  {"op": "ping"}
 
-Server frames: `submitted`, `subscribed`, `event` (the event envelope), `end` (after the terminal event),
+Server frames: `submitted`, `subscribed`, `event` (the event envelope), `end` (after the terminal event, or at
+once for a finished job with nothing after the cursor; with the final `cursor` and `state`),
 `cancel` / `input` / `approve` (with the outcome), `pong`, and `error` ({status, type, title, detail}) for a
 request the gateway refuses; the socket stays open. Close codes: 1003 for a binary frame, 1008 for a client
 that does not read (its queue of frames is full), 1009 for a frame over the size limit (the server's).
@@ -207,6 +208,7 @@ class WsSession:
                     "op": "end",
                     "job_id": job_id,
                     "cursor": None if sub.cursor is None else f"{sub.cursor[0]}-{sub.cursor[1]}",
+                    "state": sub.final_state,
                 }
             )
             if self.subs.get(job_id) is asyncio.current_task():
