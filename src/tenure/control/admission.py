@@ -24,7 +24,7 @@ from typing import Any
 from tenure.contracts.errors import InputTooLarge, InvalidRequest, StoreUnavailable, UnknownAgent
 from tenure.contracts.ready import ReadyHint, ReadyIndex
 from tenure.contracts.store import Store
-from tenure.contracts.types import DEFAULT_TENANT, AgentSpec, Enqueued, NewJob, new_id
+from tenure.contracts.types import DEFAULT_TENANT, AgentSpec, Enqueued, NewJob, holds_nul, new_id
 
 MAX_PRIORITY = 100
 MAX_KEY_LENGTH = 255
@@ -39,9 +39,6 @@ ENVELOPE_DEPTH = MAX_JSON_DEPTH + 1
 
 # A `\uD800`-`\uDFFF` escape: the only way a lone surrogate gets into a decoded str from strict UTF-8 text.
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
-# A `\u0000` escape that is not the tail of an escaped backslash (`\\u0000` is the text "\u0000"): exact on
-# JSON text, where a backslash only occurs in strings and strict JSON has no raw control characters.
-_NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 _CONTAINERS = {list, dict}  # what json.loads builds; exact types, so the walk needs no isinstance per element
 
 
@@ -132,7 +129,7 @@ def parse_json(data: str | bytes, what: str, *, max_depth: int = MAX_JSON_DEPTH)
         ) from None
     if _may_nest_deeper(text, max_depth) and nesting_exceeds(value, max_depth):
         raise InvalidJSON(f"{what} nests arrays and objects deeper than {max_depth} levels", kind="too-deep")
-    if _NUL_ESCAPE.search(text):
+    if holds_nul(text):
         raise InvalidJSON(f"{what} holds U+0000 (NUL), which a PostgreSQL store cannot hold in text", "nul-character")
     if _SURROGATE_ESCAPE.search(text):
         # Escapes of a valid pair were joined into one character by the decoder; only a lone one fails to encode.
@@ -314,7 +311,7 @@ def _input_json(value: Any) -> tuple[str, int]:
         raise InvalidJSON(f"input nests arrays and objects deeper than {MAX_JSON_DEPTH} levels", kind="too-deep") from None
     except (TypeError, ValueError) as exc:
         raise InvalidRequest(f"input is not JSON-serializable: {exc}") from exc
-    if _NUL_ESCAPE.search(text):
+    if holds_nul(text):
         raise InvalidJSON("input holds U+0000 (NUL), which a PostgreSQL store cannot hold in text", "nul-character")
     # Decoded again (only when it has enough brackets to be too deep): tuples, dict subclasses and the like
     # from Python callers are then walked exactly as the JSON the store will hold.
