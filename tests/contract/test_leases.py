@@ -376,6 +376,25 @@ async def test_an_expired_ticket_is_never_handed_a_slot(leases: Leases) -> None:
     assert await leases.holders("k") == ["alive"]
 
 
+async def test_a_slot_handed_over_lasts_only_as_long_as_the_served_ticket_would_have(leases: Leases) -> None:
+    # The ticket's last renewal is the last sign of life of its waiter: a waiter that died in line must not be
+    # handed a slot for a fresh TTL (its slot would come back one TTL after the hand-over, not after its death).
+    loop = asyncio.get_running_loop()
+    assert await leases.acquire("k", "a", limit=1, ttl_s=30)
+    ticket = new_ticket("dead")
+    queued_at = loop.time()
+    assert not await leases.acquire_in_line("k", ticket, limit=1, ttl_s=1.0)
+    assert await leases.release_and_hand_over("k", "a", limit=1, ttl_s=30) == [ticket]
+    assert await leases.holders("k") == ["dead"]
+
+    async def free_again() -> bool:
+        return await leases.acquire("k", "next", limit=1, ttl_s=30)
+
+    await _eventually(free_again, timeout_s=5.0, every_s=0.02)
+    assert loop.time() - queued_at < 2.0, "the handed-over slot outlived its ticket"
+    assert await leases.holders("k") == ["next"]
+
+
 async def test_concurrent_acquires_in_line_admit_exactly_the_limit(
     leases: Leases, open_more: Callable[[], Awaitable[Leases]]
 ) -> None:

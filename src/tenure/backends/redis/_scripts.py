@@ -163,13 +163,27 @@ redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
 local free = limit - redis.call('ZCARD', KEYS[1])
 local served = {}
 if free <= 0 then return served end
-local line = redis.call('ZRANGE', KEYS[2], 0, -1)
-table.sort(line)  -- oldest ticket first (fixed-width hex orders: byte order in any locale)
-for _, ticket in ipairs(line) do
+local flat = redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')
+local line = {}
+for i = 1, #flat, 2 do line[#line + 1] = {flat[i], tonumber(flat[i + 1])} end
+-- Oldest ticket first (fixed-width hex orders: byte order in any locale).
+table.sort(line, function(a, b) return a[1] < b[1] end)
+for _, entry in ipairs(line) do
   if free <= 0 then break end
+  local ticket = entry[1]
   local holder = string.sub(ticket, (string.find(ticket, '/', 1, true) or 0) + 1)
-  -- ZADD answers 1 for a new member: a holder granted twice (never expected) takes one slot only.
-  free = free - redis.call('ZADD', KEYS[1], now + ttl, holder)
+  -- The slot lives as long as the ticket would have, not a fresh TTL: the ticket's last renewal is the last sign
+  -- of life of its waiter, which may have died since. A dead waiter's slot then comes back when the waiter's
+  -- own leases do (one TTL after its death), not one TTL after the hand-over.
+  local expiry = math.min(now + ttl, entry[2])
+  local score = redis.call('ZSCORE', KEYS[1], holder)
+  if not score then
+    redis.call('ZADD', KEYS[1], expiry, holder)
+    free = free - 1
+  elseif tonumber(score) < expiry then
+    -- A holder granted twice (never expected) takes one slot only, and its lease is never shortened.
+    redis.call('ZADD', KEYS[1], expiry, holder)
+  end
   redis.call('ZREM', KEYS[2], ticket)
   served[#served + 1] = ticket
 end
