@@ -17,7 +17,7 @@ from tenure.contracts.errors import LeaseLost, QuotaExhausted, QuotaUnavailable
 from tenure.contracts.quotas import QuotaSpec
 from tenure.contracts.store import LeaseRef, Leases
 from tenure.control.quotas import QuotaManager, quota_topic
-from tests.contract.test_leases import BACKENDS, REDIS_URL
+from tests.contract.test_leases import BACKENDS, REDIS_URL, establish_lease_state
 
 TTL = 5.0
 
@@ -272,6 +272,7 @@ async def test_waiters_in_other_processes_are_woken_by_a_message_not_by_polling(
     chan = f"tenure-test:{namespace}:chan:"
     in_script = announced_by == "lease script"
     announce_prefix = chan + quota_topic("") if in_script else None
+    await establish_lease_state(REDIS_URL, prefix)
     leases = [RedisLeases(REDIS_URL, prefix=prefix, announce_prefix=announce_prefix) for _ in range(2)]
     channels = [RedisChannel(REDIS_URL, prefix=chan) for _ in range(2)]
     specs = {"k": QuotaSpec("k", 1)}
