@@ -27,7 +27,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import asyncpg
 import pytest
@@ -42,7 +42,9 @@ from tenure.backends.redis._scripts import generation_key
 from tenure.backends.sqlite import SqliteStore, database_files
 from tenure.contracts.errors import LeasesUnavailable
 from tenure.contracts.store import LeaseRef, Leases, line_key, new_ticket
-from tests.integration.redisproc import RedisProc
+
+if TYPE_CHECKING:  # only for annotations: this file also runs as a script, where `tests` is not importable
+    from tests.integration.redisproc import RedisProc
 
 # tests/conftest.py starts a private redis-server (PRIVATE_TEST_REDIS_URL) unless one is named.
 REDIS_URL = os.environ.get("TENURE_TEST_REDIS_URL") or os.environ.get("PRIVATE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
