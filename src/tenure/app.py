@@ -323,7 +323,9 @@ async def open_quotas(settings: Settings, store: Store, ttl_s: float) -> AsyncIt
             specs,
             ttl_s=ttl_s,
             channel=channel,
-            poll_s=0.25 if channel is None else 1.0,
+            # The floor also finds a slot that came free by expiry (a dead holder's): at most one heartbeat late,
+            # so a leaked slot is taken up again within one TTL plus one heartbeat of its holder's death.
+            poll_s=min(0.25 if channel is None else 1.0, settings.heartbeat_s),
             leases_announce=isinstance(leases, RedisLeases),
         )
     finally:

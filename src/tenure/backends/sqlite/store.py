@@ -928,11 +928,13 @@ class SqliteStore:
             free = limit - db.execute(Q["lease_count"], (key,)).fetchone()[0]
             if free <= 0:
                 return []
-            served = [r[0] for r in db.execute(Q["lease_line_oldest"], (line, free)).fetchall()]
-            for ticket in served:
-                db.execute(Q["lease_upsert"], (key, ticket_holder(ticket), ttl_s))
+            served = db.execute(Q["lease_line_oldest"], (line, free)).fetchall()
+            for ticket, ticket_expires_at in served:
+                # Until the ticket's own expiry, not a fresh TTL: the waiter may have died since its last renewal
+                # (see RELEASE_AND_HAND_OVER in backends/redis/_scripts.py).
+                db.execute(Q["lease_hand_over"], (key, ticket_holder(ticket), ttl_s, ticket_expires_at))
                 db.execute(Q["lease_release"], (line, ticket))
-            return served
+            return [ticket for ticket, _ in served]
 
         return await self._lease_run(lambda: self._tx(fn), "lease release")
 
