@@ -288,6 +288,7 @@ def worker_config(settings: Settings) -> Any:
         drain_timeout_s=settings.drain_timeout_s,
         poll_s=settings.poll_s,
         capabilities=settings.capabilities,
+        claim_mode=settings.claim_mode,
         lag_interval_s=settings.lag_interval_s,
         stall_threshold_s=settings.stall_threshold_s,
         degraded_lag_s=settings.degraded_lag_s,
