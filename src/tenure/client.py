@@ -66,6 +66,7 @@ class Client:
         await self.aclose()
 
     async def aclose(self) -> None:
+        """Close the HTTP connections."""
         await self._http.aclose()
 
     async def _post_json(self, path: str, body: Any, headers: dict[str, str] | None = None) -> httpx.Response:

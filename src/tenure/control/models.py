@@ -221,7 +221,9 @@ def check(adapter: TypeAdapter[Any], value: Any, name: str) -> None:
 
 
 TENANT: TypeAdapter[str] = TypeAdapter(Tenant)
+"""The validator of a tenant name (outside any body: it comes from the API key, or a Python caller)."""
 KEY: TypeAdapter[str] = TypeAdapter(IdempotencyKey)
+"""The validator of an idempotency key (the `Idempotency-Key` header, or a frame's `idempotency_key`)."""
 
 
 def refusal(model: type[BaseModel], errors: Sequence[ErrorDetails]) -> str:

@@ -204,6 +204,7 @@ class Gateway:
 
     # -- HTTP --------------------------------------------------------------------------------------------------------
     async def submit(self, request: Request) -> Response:
+        """POST /v1/jobs: admit a job through the one door; 201 with the job, 200 for a replayed key."""
         who = self._principal(request)
         spec = validated(JobSpec, await self._body(request))
         admitted = await self.jobs.submit(submit_request(spec, who, request.headers.get("idempotency-key")))
@@ -211,6 +212,7 @@ class Gateway:
         return JSONResponse(_job_view(admitted.job), 201 if admitted.created else 200, headers=headers)
 
     async def list_jobs(self, request: Request) -> Response:
+        """GET /v1/jobs: the caller's jobs, newest first, a page at a time."""
         who = self._principal(request)
         q = request.query_params
         state = None
@@ -231,6 +233,7 @@ class Gateway:
         return JSONResponse({"jobs": [_job_view(j) for j in jobs], "next_cursor": nxt})
 
     async def get_job(self, request: Request) -> Response:
+        """GET /v1/jobs/{id}: one job."""
         who = self._principal(request)
         return JSONResponse(_job_view(await self.load_job(request.path_params["job_id"], who)))
 
@@ -253,22 +256,26 @@ class Gateway:
         return JSONResponse({"job_id": parse_job_id(job_id), "command": kind, "outcome": outcome.value}, status)
 
     async def cancel(self, request: Request) -> Response:
+        """POST /v1/jobs/{id}/cancel[?wait=]: cancel, or ask the owner to."""
         self._principal(request)
         wait_text = request.query_params.get("wait")
         wait_s = _float(wait_text, "wait") if wait_text else 0.0  # checked before anything is written
         return await self._control_response(request, "cancel", lambda jid, tenant: self.jobs.cancel(jid, tenant, wait_s))
 
     async def send_input(self, request: Request) -> Response:
+        """POST /v1/jobs/{id}/input: persist an input, then signal the owner."""
         self._principal(request)
         body = await self._body(request)
         return await self._control_response(request, "input", lambda jid, tenant: self.jobs.send_input(jid, body, tenant))
 
     async def approve(self, request: Request) -> Response:
+        """POST /v1/jobs/{id}/approve: persist an approval, then signal the owner."""
         self._principal(request)
         body = await self._body(request) if request.headers.get("content-length", "0") != "0" else {}
         return await self._control_response(request, "approve", lambda jid, tenant: self.jobs.approve(jid, body, tenant))
 
     async def events(self, request: Request) -> Response:
+        """GET /v1/jobs/{id}/events: SSE (history, then the live tail) or, with format=json, one page."""
         who = self._principal(request)
         job = await self.load_job(request.path_params["job_id"], who)
         q = request.query_params
@@ -314,6 +321,7 @@ class Gateway:
         )
 
     async def workers(self, request: Request) -> Response:
+        """GET /v1/workers: the registry (a tenant sees counts of jobs held, the admin their ids)."""
         who = self._principal(request)
         out = []
         for w in await self.store.list_workers():
@@ -324,9 +332,11 @@ class Gateway:
         return JSONResponse({"workers": out})
 
     async def healthz(self, _request: Request) -> Response:
+        """GET /healthz: the process is up."""
         return JSONResponse({"status": "ok"})
 
     async def readyz(self, _request: Request) -> Response:
+        """GET /readyz: the store answers."""
         try:
             await asyncio.wait_for(self.store.server_time(), 2.0)
         except (TenureError, TimeoutError) as exc:
@@ -334,12 +344,14 @@ class Gateway:
         return JSONResponse({"status": "ready", "subscribers": self.hub.subscribers})
 
     async def openapi(self, _request: Request) -> Response:
+        """GET /openapi.json: the document derived from the models (built once per process)."""
         if self._openapi is None:
             self._openapi = openapi_document(sorted(self.admission.agents))
         return JSONResponse(self._openapi)
 
     # -- WebSocket ---------------------------------------------------------------------------------------------------
     async def websocket(self, ws: WebSocket) -> None:
+        """WS /v1/ws: authenticate, then hand the socket to a `WsSession`."""
         token = ws.query_params.get("access_token")
         header = ws.headers.get("authorization") or (f"Bearer {token}" if token else None)
         who = self.auth.authenticate(header)

@@ -65,6 +65,7 @@ class WsSession:
         self._tg: asyncio.TaskGroup | None = None
 
     def send(self, frame: dict[str, Any]) -> None:
+        """Queue a frame for the client; a full queue closes the socket as a slow consumer."""
         try:
             self.out.put_nowait(dumps(frame))
         except asyncio.QueueFull:
@@ -77,11 +78,13 @@ class WsSession:
             self.finish(1008, "slow consumer: the client is not reading its frames")
 
     def finish(self, code: int | None = None, reason: str = "") -> None:
+        """End the session (with a close code the first time one is given)."""
         if code is not None and self.close_code is None:
             self.close_code, self.close_reason = code, reason
         self.done.set()
 
     async def run(self) -> None:
+        """Serve the socket until the client leaves or the session is finished."""
         async with asyncio.TaskGroup() as tg:
             self._tg = tg
             sender = tg.create_task(self._send_loop(), name="ws-send")
