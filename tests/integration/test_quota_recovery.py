@@ -27,6 +27,7 @@ from tenure.backends.redis import RedisLeases
 from tenure.contracts.states import JobState
 from tenure.contracts.store import Leases, line_key, ticket_holder
 from tenure.control.admission import JobRequest
+from tenure.settings import Settings
 from tests.conftest import drop_pg_schema, new_pg_schema, pg_url
 from tests.integration.mockmodel import start_mock_model, stop_process
 from tests.integration.procs import WorkerProc, eventually
@@ -111,7 +112,9 @@ async def test_slots_of_a_sigkilled_worker_are_taken_up_within_ttl_plus_a_heartb
         }
         fleet = Fleet(database_url, tmp_path, env, [])
         tries: list[tuple[float, list[str]]] = []
-        async with connect("tenure.examples:app", database_url) as client:
+        # 600 waiting jobs are over the default cap (500), which tenure.connect meets like the gateway.
+        caps = Settings(database_url=database_url, max_queued=1000, max_queued_per_tenant=1000)
+        async with connect("tenure.examples:app", settings=caps) as client:
             leases: Leases = redis_leases or client.store  # type: ignore[assignment]
             await client.submit_many([JobRequest("chat", {"prompt": f"job {i}", "max_tokens": 8}) for i in range(600)])
             live = [fleet.spawn() for _ in range(3)]

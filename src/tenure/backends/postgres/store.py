@@ -46,6 +46,7 @@ from tenure.contracts.errors import (
 )
 from tenure.contracts.states import REQUEUEABLE, JobState, WorkerState
 from tenure.contracts.types import (
+    AdmissionState,
     CircuitState,
     Claim,
     Command,
@@ -330,35 +331,36 @@ class PostgresStore(_lease_ops.PoolLeases):
                 cols[i].append(v)
         async with self._conn("enqueue") as conn:
             rows = await conn.fetch(Q["enqueue_jobs"], *cols)
-            created = {r[0] for r in rows}
+            created = {r["id"]: _job(r) for r in rows}
             out: list[Enqueued] = []
             missing = [j for j in jobs if j.id not in created]
-            existing: dict[tuple[str, bytes], tuple[str, bytes]] = {}
+            existing: dict[tuple[str, bytes], tuple[Job, bytes]] = {}
             if missing:
                 by_tenant: dict[str, list[bytes]] = {}
                 for j in missing:
                     assert j.idem_digest is not None  # only a key conflict skips a row
                     by_tenant.setdefault(j.tenant, []).append(j.idem_digest)
                 for tenant, digests in by_tenant.items():
-                    for r in await conn.fetch(Q["find_by_idem"], tenant, digests):
-                        existing[(tenant, bytes(r["idem_digest"]))] = (r["id"], bytes(r["request_fingerprint"]))
+                    for r in await conn.fetch(Q["jobs_by_idem"], tenant, digests):
+                        existing[(tenant, bytes(r["idem_digest"]))] = (_job(r), bytes(r["request_fingerprint"]))
             # The insert committed without waiting for its flush; nothing is accepted until it is durable. This
             # also covers a replayed key whose original commit this session saw before it was flushed.
             await conn.fetchval(Q["flush_barrier"])
         for j in jobs:
-            if j.id in created:
-                out.append(Enqueued(j.id, True))
+            job = created.get(j.id)
+            if job is not None:
+                out.append(Enqueued(job, True))
                 continue
             assert j.idem_digest is not None
             found = existing.get((j.tenant, j.idem_digest))
             if found is None:  # the conflicting insert rolled back between our two statements: rare
                 raise StoreUnavailable("idempotency key race: the original request rolled back; retry")
-            job_id, fingerprint = found
+            job, fingerprint = found
             if fingerprint != j.request_fingerprint:
                 raise IdempotencyConflict(
-                    "this idempotency key was already used for a different request", existing_job_id=job_id
+                    "this idempotency key was already used for a different request", existing_job_id=job.id
                 )
-            out.append(Enqueued(job_id, False))
+            out.append(Enqueued(job, False))
         return out
 
     async def get_job(self, job_id: str, tenant: str | None = None) -> Job | None:
@@ -696,10 +698,15 @@ class PostgresStore(_lease_ops.PoolLeases):
     async def circuit_state(self, key: str, threshold: int, window_s: float, open_s: float) -> CircuitState:
         async with self._conn("circuit_state") as conn:
             count, latest, now = await conn.fetchrow(Q["circuit_window"], key, window_s)
-        open_for = 0.0
-        if count >= threshold and latest is not None:
-            open_for = max(0.0, latest + open_s - now)
-        return CircuitState(int(count), open_for)
+        return CircuitState.from_window(count, latest, now, threshold, open_s)
+
+    async def admission_state(
+        self, tenant: str, circuit_key: str, threshold: int, window_s: float, open_s: float
+    ) -> AdmissionState:
+        async with self._conn("admission_state") as conn:
+            row = await conn.fetchrow(Q["admission_state"], tenant, circuit_key, window_s)
+        circuit = CircuitState.from_window(row["failures"], row["latest"], row["now"], threshold, open_s)
+        return AdmissionState(int(row["total"]), int(row["mine"]), circuit)
 
     async def cancel(self, job_id: str, tenant: str | None = None) -> ControlOutcome:
         if not is_uuid(job_id):

@@ -56,6 +56,7 @@ from tenure.contracts.errors import (
 from tenure.contracts.states import REQUEUEABLE, JobState, WorkerState
 from tenure.contracts.store import LeaseRef, line_key, ticket_holder
 from tenure.contracts.types import (
+    AdmissionState,
     CircuitState,
     Claim,
     Command,
@@ -390,15 +391,17 @@ class SqliteStore:
                         int(j.retry_safe),
                     ),
                 )
-                if cur.rowcount == 1:
-                    out.append(Enqueued(j.id, True))
+                row = cur.fetchone()
+                if row is not None:
+                    out.append(Enqueued(_job(row), True))
                     continue
-                job_id, fingerprint = db.execute(Q["find_by_idem"], (j.tenant, j.idem_digest)).fetchone()
+                *columns, _digest, fingerprint = db.execute(Q["jobs_by_idem"], (j.tenant, j.idem_digest)).fetchone()
+                existing = _job(tuple(columns))
                 if fingerprint != j.request_fingerprint:
                     raise IdempotencyConflict(
-                        "this idempotency key was already used for a different request", existing_job_id=job_id
+                        "this idempotency key was already used for a different request", existing_job_id=existing.id
                     )
-                out.append(Enqueued(job_id, False))
+                out.append(Enqueued(existing, False))
             return out
 
         out = await self._run(lambda: self._tx(fn), "enqueue")
@@ -732,10 +735,16 @@ class SqliteStore:
         count, latest, now = await self._run(
             lambda: self._read(lambda db: db.execute(Q["circuit_window"], (key, window_s)).fetchone())
         )
-        open_for = 0.0
-        if count >= threshold and latest is not None:
-            open_for = max(0.0, latest + open_s - now)
-        return CircuitState(int(count), open_for)
+        return CircuitState.from_window(count, latest, now, threshold, open_s)
+
+    async def admission_state(
+        self, tenant: str, circuit_key: str, threshold: int, window_s: float, open_s: float
+    ) -> AdmissionState:
+        args = (tenant, circuit_key, window_s)
+        total, mine, failures, latest, now = await self._run(
+            lambda: self._read(lambda db: db.execute(Q["admission_state"], args).fetchone())
+        )
+        return AdmissionState(int(total), int(mine), CircuitState.from_window(failures, latest, now, threshold, open_s))
 
     async def cancel(self, job_id: str, tenant: str | None = None) -> ControlOutcome:
         def fn(db: sqlite3.Connection) -> ControlOutcome:
