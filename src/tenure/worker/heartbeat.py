@@ -14,6 +14,7 @@ control     cancel requests and commands as soon as the store hints at them (NOT
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 
@@ -128,11 +129,15 @@ class Heartbeat:
         """tenure_quota_in_use / _limit / _rejected_total / _fail_open_total for every configured quota (one
         read per key)."""
         in_use: dict[str, int] = {}
-        for key in quotas.specs:
-            try:
-                in_use[key] = len(await quotas.leases.holders(key))
-            except StoreUnavailable:  # LeasesUnavailable too: the gauge keeps its last value
-                continue
+        # Bounded by one interval: the refusals and fail-open admissions counted here are what an operator needs
+        # while the lease backend is down, and a partitioned one fails each read only after its timeouts.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self._config.heartbeat_s):
+                for key in quotas.specs:
+                    try:
+                        in_use[key] = len(await quotas.leases.holders(key))
+                    except StoreUnavailable:  # LeasesUnavailable too: the gauge keeps its last value
+                        continue
         self._obs.quotas_seen(
             in_use, {k: spec.limit for k, spec in quotas.specs.items()}, quotas.rejections, quotas.fail_open_admitted
         )
