@@ -30,7 +30,8 @@ demo: install
 services:
 	scripts/ensure-services.sh
 
-# promtool (Debian's `prometheus` package) for the alert-rule tests; installed only if missing.
+# promtool (Debian's `prometheus` package) for the alert-rule tests, ip (iproute2) and nft (nftables) for the
+# network-namespace tests (tests/integration/test_hosts.py); each installed only if missing.
 tools:
 	scripts/ensure-tools.sh
 

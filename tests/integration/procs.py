@@ -8,7 +8,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -28,19 +28,20 @@ TTL = float(FAST["TENURE_CLAIM_TTL_S"])
 SWEEP = float(FAST["TENURE_SWEEP_INTERVAL_S"])
 
 
-class WorkerProc:
-    """One `tenure worker` subprocess."""
+class TenureProc:
+    """One `tenure <command>` subprocess in its own process group, its output kept in `<log_dir>/<name>.log`.
+    `wrap` goes before the interpreter: `("ip", "netns", "exec", NS)` runs it on a host of its own
+    (tests/integration/netns.py); `ip netns exec` execs the command, so the pid is the interpreter's."""
 
     def __init__(
         self,
         database_url: str,
         log_dir: Path,
         name: str,
+        argv: Sequence[str],
         *,
-        concurrency: int = 1,
         env: dict[str, str] | None = None,
-        app: str = "tenure.examples:app",
-        args: tuple[str, ...] = (),
+        wrap: Sequence[str] = (),
     ) -> None:
         self.name = name
         self.log_path = log_dir / f"{name}.log"
@@ -50,7 +51,7 @@ class WorkerProc:
         full_env.update(env or {})
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
-            [PYTHON, "-m", "tenure.cli", "worker", "--app", app, "--concurrency", str(concurrency), *args],
+            [*wrap, PYTHON, "-m", "tenure.cli", *argv],
             env=full_env,
             stdout=self._log,
             stderr=subprocess.STDOUT,
@@ -72,7 +73,8 @@ class WorkerProc:
         return self.proc.wait(timeout)
 
     def log(self) -> str:
-        self._log.flush()
+        if not self._log.closed:
+            self._log.flush()
         return self.log_path.read_text(errors="replace")
 
     def stop(self) -> None:
@@ -81,6 +83,25 @@ class WorkerProc:
             self.signal(signal.SIGKILL)
             self.proc.wait(10)
         self._log.close()
+
+
+class WorkerProc(TenureProc):
+    """One `tenure worker` subprocess."""
+
+    def __init__(
+        self,
+        database_url: str,
+        log_dir: Path,
+        name: str,
+        *,
+        concurrency: int = 1,
+        env: dict[str, str] | None = None,
+        app: str = "tenure.examples:app",
+        args: tuple[str, ...] = (),
+        wrap: Sequence[str] = (),
+    ) -> None:
+        argv = ["worker", "--app", app, "--concurrency", str(concurrency), *args]
+        super().__init__(database_url, log_dir, name, argv, env=env, wrap=wrap)
 
 
 async def eventually(check: Callable[[], Awaitable[T | None]], within_s: float, what: str, interval: float = 0.05) -> T:

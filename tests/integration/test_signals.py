@@ -5,6 +5,9 @@ Redis polls until it has resubscribed — against a private redis-server that th
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
+import os
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -13,6 +16,8 @@ import asyncpg
 import pytest
 
 from tenure.app import connect, open_store
+from tenure.backends.redis import RedisChannel
+from tenure.contracts.errors import LeasesUnavailable
 from tenure.contracts.states import JobState
 from tenure.contracts.store import Store
 from tenure.contracts.types import ControlOutcome, EventNotice, Start, new_id
@@ -230,3 +235,45 @@ async def test_an_owner_listens_for_jobs_and_commands_on_one_connection_and_reco
         await admin.close()
         await other.close()
         await owner.close()
+
+
+@pytest.mark.timeout(30)  # the defect blocks the event loop for good: only pytest-timeout's signal ends it
+async def test_a_subscription_whose_socket_timed_out_ends_instead_of_spinning_on_the_event_loop(
+    private_redis: RedisProc,
+) -> None:
+    """A partition between a process and Redis that outlasts TCP keepalive (redis-py's defaults: 30 s idle, then
+    3 probes 5 s apart) ends the subscriber's socket with ETIMEDOUT. Python makes that OSError a `TimeoutError`,
+    which is `asyncio.TimeoutError`, and redis-py's pub/sub read takes it for "no message within the timeout":
+    it returns None at once, every time, and `PubSub.listen()` loops without ever yielding. Seen in
+    tests/integration/test_hosts.py: after a 41 s partition the worker sat at 100 % CPU with its loop blocked,
+    no heartbeat, no claim. The subscription must end with `LeasesUnavailable`, so its reader resubscribes."""
+    channel = RedisChannel(private_redis.url, prefix=f"tenure-test:{uuid.uuid4().hex}:")
+    subscribed = asyncio.Event()
+    received: list[tuple[str, str]] = []
+
+    async def consume() -> None:
+        async for message in channel.subscribe(["events"], on_subscribed=subscribed.set):
+            received.append(message)
+
+    task = asyncio.create_task(consume())
+    try:
+        await asyncio.wait_for(subscribed.wait(), 10)
+        await channel.publish("events", "a")
+        await eventually(lambda: _true(bool(received)), 5, "the first message")
+        (conn,) = channel._sub_client.connection_pool._in_use_connections  # type: ignore[attr-defined]
+        # What the kernel's ETIMEDOUT does to an asyncio stream: the transport's fatal error is handed to its reader.
+        conn._reader.set_exception(TimeoutError(errno.ETIMEDOUT, os.strerror(errno.ETIMEDOUT)))
+        # (Were the loop blocked, this wait would never return: pytest-timeout would end the test.)
+        done, _ = await asyncio.wait({task}, timeout=5)
+        assert task in done, "the subscription neither ended nor went on receiving"
+        with pytest.raises(LeasesUnavailable, match="subscription lost"):
+            task.result()
+    finally:
+        task.cancel()
+        with contextlib.suppress(BaseException):
+            await task
+        await channel.close()
+
+
+async def _true(value: bool) -> bool:
+    return value

@@ -4,15 +4,23 @@ raises is started again, and error text is always storable."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import time
 
 import asyncpg
 import pytest
 
 from tenure.backends.postgres._connections import translate
 from tenure.contracts.errors import StoreUnavailable
-from tenure.contracts.types import clean_text, describe_error, dumps
+from tenure.contracts.types import Claim, Fence, HeartbeatReply, clean_text, describe_error, dumps
+from tenure.worker.config import WorkerConfig
 from tenure.worker.duties import keep_running as _keep_running
+from tenure.worker.health import Health
+from tenure.worker.heartbeat import Heartbeat
+from tenure.worker.held import Held
+from tenure.worker.observe import WorkerObserver
+from tenure.worker.slots import Slots
 
 
 @pytest.mark.parametrize(
@@ -66,3 +74,45 @@ def test_describing_an_error_never_raises_and_gives_storable_text() -> None:
 def test_dumps_refuses_json_no_store_can_hold(value: object) -> None:
     with pytest.raises(ValueError):
         dumps(value)
+
+
+class _SilentStore:
+    """A store behind a pulled cable: the heartbeat's round trip neither answers nor fails (TCP retransmits for
+    minutes; asyncpg would even wait for its cancel request over the same dead network)."""
+
+    def __init__(self) -> None:
+        self.sent = 0
+        self.answer = asyncio.Event()
+
+    async def heartbeat(self, *args: object) -> HeartbeatReply:
+        self.sent += 1
+        await self.answer.wait()
+        raise StoreUnavailable("the reply never came")
+
+
+async def test_a_heartbeat_that_never_answers_still_fences_the_worker_after_one_claim_ttl() -> None:
+    """Self-fencing must not wait for the round trip to fail: a silent network makes no error."""
+    config = WorkerConfig(heartbeat_s=0.05, claim_ttl_s=0.3)
+    obs = WorkerObserver("w-silent", heartbeat_s=0.05, lag_interval_s=0.05, stall_threshold_s=1, degraded_lag_s=1,
+                         degraded_for_s=2)  # fmt: skip
+    slots = Slots(1)
+    held = Held(slots)
+    slots.take()
+    held.claimed["job-1"] = Claim(Fence("job-1", 1, 7), "echo", "{}", 0, 3, None, False, "default")
+    store = _SilentStore()
+    beat = Heartbeat(store, "w-silent", config, held, Health(obs), obs, None)  # type: ignore[arg-type]
+    began = time.monotonic()
+    task = asyncio.create_task(beat.run())
+    try:
+        while held.claimed and time.monotonic() - began < 3:
+            await asyncio.sleep(0.01)
+        fenced_after = time.monotonic() - began
+    finally:
+        task.cancel()
+        store.answer.set()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        obs.close()
+    assert store.sent == 1  # one round trip went out and hangs
+    assert not held.claimed and slots.busy == 0, "the claim was kept although no heartbeat got through for a TTL"
+    assert config.claim_ttl_s <= fenced_after <= config.claim_ttl_s + 2 * config.heartbeat_s + 0.2

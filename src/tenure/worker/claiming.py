@@ -86,6 +86,14 @@ class StoreWakeups:
         return None
 
 
+# A read of the ready index that has not answered this long after its blocking time is a failed one: a
+# partition makes no error, only a read that waits for its socket timeout (5-10 s) while the store goes unpolled.
+INDEX_GRACE_S = 1.0
+# While reads keep failing, the store alone is polled for longer each time (doubling from a second up to this),
+# so that a partition costs one bounded wait per period instead of most of the time.
+INDEX_RETRY_MAX_S = 30.0
+
+
 class ReadyIndexHints:
     """Candidates from the Redis ready index, with the store's wake-ups as the floor while it is down."""
 
@@ -98,6 +106,7 @@ class ReadyIndexHints:
         self._poll_s = poll_s
         self._fallback = StoreWakeups(store, poll_s, stop)
         self._down_until = 0.0
+        self._failures = 0  # reads of the index failed in a row
 
     async def next(self, free: int, idle: bool) -> list[Delivery]:
         loop = asyncio.get_running_loop()
@@ -106,10 +115,16 @@ class ReadyIndexHints:
                 if self._index.rebuild_needed:
                     await rebuild_ready_index(self._index, self._store, self._agents)
                 # Blocks up to the poll interval for hints: the wait for work when idle.
-                return await self._index.take(self._worker_id, self._agents, free, self._poll_s)
-            except StoreUnavailable as exc:
-                log.warning("ready index unavailable, polling the store: %s", exc)
-                self._down_until = loop.time() + max(1.0, self._poll_s)
+                async with asyncio.timeout(self._poll_s + INDEX_GRACE_S):
+                    taken = await self._index.take(self._worker_id, self._agents, free, self._poll_s)
+                self._failures = 0
+                return taken
+            except (StoreUnavailable, TimeoutError) as exc:
+                self._failures += 1
+                retry_s = min(INDEX_RETRY_MAX_S, max(1.0, self._poll_s) * 2 ** min(self._failures - 1, 10))
+                why = str(exc) or f"no answer within {self._poll_s + INDEX_GRACE_S:g} s"
+                log.warning("ready index unavailable, polling the store for %g s: %s", retry_s, why)
+                self._down_until = loop.time() + retry_s
         return await self._fallback.next(free, idle)
 
     async def done(self, deliveries: list[Delivery], claimed: set[str]) -> None:
@@ -132,6 +147,11 @@ class ReadyIndexHints:
             await self._index.ack(acked)
 
 
+HINT_PUBLISH_TIMEOUT_S = 2.0
+"""The longest the sweeper waits to publish the hints of one sweep (they are an accelerator: polling finds the
+jobs anyway)."""
+
+
 async def hint_ready(index: ReadyIndex | None, store: Store, job_ids: Sequence[str]) -> None:
     """Tell the ready index about jobs that became claimable (released, requeued, due)."""
     if index is None or not job_ids:
@@ -142,8 +162,10 @@ async def hint_ready(index: ReadyIndex | None, store: Store, job_ids: Sequence[s
             job = await store.get_job(job_id)
             if job is not None and job.state is JobState.QUEUED:
                 hints.append(ReadyHint(job.id, job.agent, job.priority))
-    with contextlib.suppress(StoreUnavailable):
-        await index.publish(hints)
+    # Bounded: the sweeper publishes these between two sweeps, and a partitioned Redis answers nothing at all.
+    with contextlib.suppress(StoreUnavailable, TimeoutError):
+        async with asyncio.timeout(HINT_PUBLISH_TIMEOUT_S):
+            await index.publish(hints)
 
 
 async def rebuild_ready_index(index: ReadyIndex, store: Store, agents: Sequence[str]) -> None:

@@ -14,6 +14,7 @@ control     cancel requests and commands as soon as the store hints at them (NOT
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 
@@ -41,15 +42,19 @@ class Heartbeat:
         self._obs = observer
         self._quotas = quotas
         self._last_renewed = time.monotonic()
+        self._fenced_after = -1.0  # the last renewal after which this worker fenced itself (logged once)
 
     async def run(self) -> None:
+        """The heartbeat loop, with the self-fencing watchdog beside it."""
         cfg = self._config
         loop = asyncio.get_running_loop()
-        while True:
-            due = loop.time() + cfg.heartbeat_s
-            await asyncio.sleep(cfg.heartbeat_s)
-            self._obs.heartbeat_sent(max(0.0, loop.time() - due), len(self._held))
-            await self.beat()
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(self._fence_when_silent(), name="self-fencing")
+            while True:
+                due = loop.time() + cfg.heartbeat_s
+                await asyncio.sleep(cfg.heartbeat_s)
+                self._obs.heartbeat_sent(max(0.0, loop.time() - due), len(self._held))
+                await self.beat()
 
     async def beat(self) -> None:
         """One heartbeat round trip: renew every held claim, learn of losses and cancel requests."""
@@ -61,10 +66,7 @@ class Heartbeat:
             reply = await self._store.heartbeat(self._worker_id, state, len(held.running), fences, cfg.claim_ttl_s)
         except StoreUnavailable as exc:
             log.warning("heartbeat failed: %s", exc)
-            if time.monotonic() - self._last_renewed > cfg.claim_ttl_s:
-                # No renewal for a whole TTL: others may already own our jobs. Stop everything (self-fencing).
-                for f in fences:
-                    held.lose(f.job_id)
+            self._fence_if_silent()
             return
         self._last_renewed = sent
         for f in reply.lost(fences):
@@ -72,6 +74,36 @@ class Heartbeat:
                 held.lose(f.job_id)
         for job_id in reply.cancel_requested:
             held.cancel(job_id)
+
+    async def _fence_when_silent(self) -> None:
+        """Fence at (last renewal sent) + TTL even while a heartbeat still waits for its reply. A pulled cable
+        makes no error: the round trip waits as long as TCP retransmits (minutes), and cancelling it would not
+        help (asyncpg then waits for its cancel request, sent over the same dead network)."""
+        ttl_s = self._config.claim_ttl_s
+        while True:
+            left = self._last_renewed + ttl_s - time.monotonic()
+            if left > 0:
+                await asyncio.sleep(left)
+                continue
+            self._fence_if_silent()
+            await asyncio.sleep(self._config.heartbeat_s)  # and again for what was claimed meanwhile
+
+    def _fence_if_silent(self) -> None:
+        """No renewal for a whole TTL: others may already own our jobs. Stop everything (self-fencing)."""
+        silent_s = time.monotonic() - self._last_renewed
+        if silent_s <= self._config.claim_ttl_s:
+            return
+        fences = self._held.fences()
+        if fences and self._fenced_after != self._last_renewed:
+            self._fenced_after = self._last_renewed
+            log.warning(
+                "no heartbeat got through for %.1fs (claim TTL %gs): giving up %d claims and executions",
+                silent_s,
+                self._config.claim_ttl_s,
+                len(fences),
+            )
+        for f in fences:
+            self._held.lose(f.job_id)
 
     async def run_quotas(self) -> None:
         """Renew every quota lease of this process in one round trip per interval (a lost one cancels its
@@ -97,11 +129,15 @@ class Heartbeat:
         """tenure_quota_in_use / _limit / _rejected_total / _fail_open_total for every configured quota (one
         read per key)."""
         in_use: dict[str, int] = {}
-        for key in quotas.specs:
-            try:
-                in_use[key] = len(await quotas.leases.holders(key))
-            except StoreUnavailable:  # LeasesUnavailable too: the gauge keeps its last value
-                continue
+        # Bounded by one interval: the refusals and fail-open admissions counted here are what an operator needs
+        # while the lease backend is down, and a partitioned one fails each read only after its timeouts.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self._config.heartbeat_s):
+                for key in quotas.specs:
+                    try:
+                        in_use[key] = len(await quotas.leases.holders(key))
+                    except StoreUnavailable:  # LeasesUnavailable too: the gauge keeps its last value
+                        continue
         self._obs.quotas_seen(
             in_use, {k: spec.limit for k, spec in quotas.specs.items()}, quotas.rejections, quotas.fail_open_admitted
         )

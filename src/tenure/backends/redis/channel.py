@@ -54,7 +54,14 @@ class RedisChannel:
         unconfirmed = {self._prefix + t for t in topics}
         try:
             await pubsub.subscribe(*unconfirmed)
-            async for item in pubsub.listen():
+            while True:
+                # Not `pubsub.listen()`: when the kernel ends the socket with ETIMEDOUT (a partition that
+                # outlasted TCP keepalive), Python raises TimeoutError, which is asyncio.TimeoutError, and redis-py
+                # takes it for "no message yet" and answers None at once, forever; listen() then loops without
+                # yielding and blocks the event loop for good. A blocking read answers None only then.
+                item = await pubsub.get_message(timeout=None)
+                if item is None:
+                    raise LeasesUnavailable("Redis subscription lost: its connection failed (timed out)")
                 if item.get("type") == "subscribe" and unconfirmed:
                     channel = item["channel"]
                     unconfirmed.discard(channel.decode() if isinstance(channel, bytes) else str(channel))
