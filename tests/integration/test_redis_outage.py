@@ -150,3 +150,28 @@ async def test_a_quota_admits_no_more_than_its_limit_when_redis_loses_its_leases
     print(f"{loss}: newcomer granted a slot: {joined}; at most {stats['max_in_flight']} calls in flight (quota {QUOTA})")
     assert not joined, "a newcomer was granted a slot while the old holders were still calling"
     assert stats["max_in_flight"] <= QUOTA, stats
+
+
+async def test_a_submit_does_not_wait_for_a_ready_index_that_stopped_answering(sqlite_database_url: str) -> None:
+    """A Redis that accepts connections and never answers (a partition after the connect, a frozen server): the
+    job is committed and the submit returns within the hint's bound, not the socket timeout (5 s and more)."""
+    silent: list[asyncio.StreamWriter] = []
+
+    async def swallow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        silent.append(writer)  # read nothing, answer nothing
+
+    server = await asyncio.start_server(swallow, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    settings = Settings(database_url=sqlite_database_url, redis_url=f"redis://127.0.0.1:{port}/0")
+    try:
+        async with connect("tenure.examples:app", settings=settings) as client:
+            began = asyncio.get_running_loop().time()
+            admitted = await client.submit("echo", {"x": 1})
+            took = asyncio.get_running_loop().time() - began
+            assert admitted.created and (await client.job(admitted.job.id)).state is JobState.QUEUED
+            assert took < 3.0, f"the submit waited {took:.1f} s for the ready index"
+    finally:
+        for w in silent:
+            w.close()
+        server.close()
+        await server.wait_closed()

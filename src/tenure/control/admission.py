@@ -40,6 +40,8 @@ from tenure.contracts.types import DEFAULT_TENANT, AgentSpec, Enqueued, Job, New
 from tenure.control.gate import CircuitOpen, Gate, GateConfig, GateObserver, QueueFull
 from tenure.control.models import KEY, TENANT, JobSpec, check, shown, validated
 
+HINT_TIMEOUT_S = 0.5
+"""The longest a submit waits for the ready index to take its hint (it is an accelerator, never the truth)."""
 MAX_JSON_DEPTH = 64
 """How deeply a job's input, or any other JSON value a client sends, may nest arrays and objects. A request body
 or WebSocket frame wraps its values in one object, so the text itself may nest `MAX_JSON_DEPTH + 1` levels. Python
@@ -324,9 +326,14 @@ class Admission:
         created = {e.job_id for e in enqueued if e.created}
         hints = [ReadyHint(j.id, j.agent, j.priority) for j in jobs if j.id in created]
         try:
-            await self.ready_index.publish(hints)
-        except StoreUnavailable as exc:
-            logging.getLogger("tenure.admission").warning("ready index unavailable, workers will poll: %s", exc)
+            # Bounded: the job is committed already, and a Redis that stopped answering (a partition) would
+            # otherwise hold every submit for its socket timeout; the workers' store polling finds the job.
+            async with asyncio.timeout(HINT_TIMEOUT_S):
+                await self.ready_index.publish(hints)
+        except (StoreUnavailable, TimeoutError) as exc:
+            logging.getLogger("tenure.admission").warning(
+                "ready index unavailable, workers will poll: %s", exc or f"no answer within {HINT_TIMEOUT_S:g} s"
+            )
 
 
 class InFlight:
