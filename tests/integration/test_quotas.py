@@ -355,12 +355,12 @@ async def test_without_redis_waiters_in_other_processes_are_woken_by_a_notify_no
     """Leases in PostgreSQL: the release's hand-over is announced with a NOTIFY (PostgresChannel)."""
     import asyncpg
 
-    from tenure.app import open_store
+    from tenure.app import open_backends
     from tenure.backends.postgres import PostgresChannel, PostgresLeases
     from tenure.settings import Settings
     from tests.conftest import PG_BASE
 
-    await (await open_store(Settings(database_url=pg_database_url))).close()  # migrated
+    await (await open_backends(Settings(database_url=pg_database_url))).close()  # migrated
     leases = [await PostgresLeases.connect(pg_database_url) for _ in range(2)]
     prefix = f"t{namespace[:8]}:"
     channels = [PostgresChannel(pg_database_url, prefix=prefix) for _ in range(2)]

@@ -27,7 +27,7 @@ from tenure.contracts.errors import (
     UnknownAgent,
 )
 from tenure.contracts.states import TERMINAL, JobState, WorkerState, check_transition
-from tenure.contracts.store import LeaseRef, Leases, Store
+from tenure.contracts.store import Backends, JobStore, LeaseRef, Leases, Signals, Store
 from tenure.contracts.types import (
     AgentSpec,
     CircuitState,
@@ -58,6 +58,7 @@ __all__ = [
     "AdapterOverloaded",
     "AdapterSlotLost",
     "AgentSpec",
+    "Backends",
     "CircuitState",
     "Claim",
     "Command",
@@ -80,6 +81,7 @@ __all__ = [
     "JobCancelled",
     "JobFilter",
     "JobState",
+    "JobStore",
     "LeaseLost",
     "LeaseRef",
     "Leases",
@@ -93,6 +95,7 @@ __all__ = [
     "QuotaExhausted",
     "QuotaUnavailable",
     "RetryableError",
+    "Signals",
     "Start",
     "Started",
     "Store",

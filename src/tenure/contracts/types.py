@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from tenure.contracts.errors import IdempotencyConflict
 from tenure.contracts.states import JobState, WorkerState
 
 DEFAULT_TENANT = "default"
@@ -148,6 +149,17 @@ class Enqueued:
 
     job_id: str
     created: bool
+
+
+def idempotent_replay(existing_job_id: str, existing_fingerprint: bytes, request_fingerprint: bytes) -> Enqueued:
+    """The answer to a request whose idempotency key names an existing job: that job, when the request is the
+    same one (equal fingerprints); else `IdempotencyConflict`, never a silent reuse. Every door uses it: the
+    stores' enqueue, the gateway's replay under a refusal, the in-process placeholder."""
+    if existing_fingerprint != request_fingerprint:
+        raise IdempotencyConflict(
+            "this idempotency key was already used for a different request", existing_job_id=existing_job_id
+        )
+    return Enqueued(existing_job_id, False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,9 +13,9 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from tenure.contracts.errors import IdempotencyConflict, StoreUnavailable, TenureError
+from tenure.contracts.errors import StoreUnavailable, TenureError
 from tenure.contracts.store import Store
-from tenure.contracts.types import Enqueued
+from tenure.contracts.types import Enqueued, idempotent_replay
 
 
 class QueueFull(TenureError):
@@ -89,12 +89,7 @@ class InFlight:
         if held is not None:
             first_fingerprint, fut = held
             result = await asyncio.shield(fut)
-            if first_fingerprint != fingerprint:
-                raise IdempotencyConflict(
-                    "this idempotency key was already used for a different request",
-                    existing_job_id=result.job_id,
-                )
-            return Enqueued(result.job_id, False)
+            return idempotent_replay(result.job_id, first_fingerprint, fingerprint)
         fut = asyncio.get_running_loop().create_future()
         self._pending[digest] = (fingerprint, fut)
         try:

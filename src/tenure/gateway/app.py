@@ -34,8 +34,8 @@ from starlette.websockets import WebSocket
 from tenure.contracts.errors import IdempotencyConflict, TenureError
 from tenure.contracts.ready import ReadyIndex
 from tenure.contracts.states import JobState
-from tenure.contracts.store import Store
-from tenure.contracts.types import AgentSpec, ControlOutcome, Enqueued, Job, JobFilter, dumps, is_uuid
+from tenure.contracts.store import Backends
+from tenure.contracts.types import AgentSpec, ControlOutcome, Enqueued, Job, JobFilter, dumps, idempotent_replay, is_uuid
 from tenure.control.admission import Admission, AdmissionLimits, JobRequest
 from tenure.control.gate import CircuitOpen, Gate, GateConfig, InFlight, QueueFull
 from tenure.gateway.auth import Auth, Principal
@@ -88,7 +88,7 @@ class Gateway:
 
     def __init__(
         self,
-        store: Store,
+        backends: Backends,
         agents: Mapping[str, AgentSpec],
         auth: Auth | None = None,
         config: GatewayConfig | None = None,
@@ -97,6 +97,7 @@ class Gateway:
         on_stop: Callable[[], Awaitable[None]] | None = None,
         ready_index: ReadyIndex | None = None,
     ) -> None:
+        store = backends.jobs
         self.store = store
         self.config = config or GatewayConfig()
         self.auth = auth or Auth.open()
@@ -104,7 +105,7 @@ class Gateway:
         self.admission = Admission(store, agents, self.config.limits, ready_index=ready_index)
         self.gate = Gate(store, self.config.gate)
         self.inflight = InFlight()
-        self.hub = EventHub(store, self.config.sse_idle_s)
+        self.hub = EventHub(store, backends.signals, self.config.sse_idle_s)
         self._on_start = on_start
         self._on_stop = on_stop
         metrics.QUEUE_CAPACITY.labels("global").set(self.config.gate.max_queued)
@@ -220,12 +221,10 @@ class Gateway:
                 if job.idem_digest is not None:
                     found = await self.store.find_idempotent(job.tenant, job.idem_digest)
                     if found is not None:
-                        if found[1] != job.request_fingerprint:
-                            raise IdempotencyConflict(
-                                "this idempotency key was already used for a different request",
-                                existing_job_id=found[0],
-                            ) from None
-                        return Enqueued(found[0], False)
+                        try:
+                            return idempotent_replay(*found, job.request_fingerprint)
+                        except IdempotencyConflict as conflict:
+                            raise conflict from None  # the key's answer, not the refusal it stands in for
                 raise
             (out,) = await self.store.enqueue([job])
             await self.admission.hint([job], [out])  # wakes a worker through the ready index, if there is one

@@ -41,7 +41,7 @@ from tenure.contracts.errors import (
 )
 from tenure.contracts.ready import Delivery, ReadyHint, ReadyIndex
 from tenure.contracts.states import JobState, WorkerState
-from tenure.contracts.store import LeaseRef, Leases, Store
+from tenure.contracts.store import Backends, LeaseRef, Leases, Store
 from tenure.contracts.types import (
     Claim,
     Command,
@@ -391,11 +391,11 @@ class _Execution:
 
 
 class Worker:
-    """One worker incarnation. `await Worker(store, app, config).run(stop_event)`."""
+    """One worker incarnation. `await Worker(backends, app, config).run(stop_event)`."""
 
     def __init__(
         self,
-        store: Store,
+        backends: Backends,
         app: Tenure,
         config: WorkerConfig | None = None,
         *,
@@ -405,17 +405,17 @@ class Worker:
         quotas: QuotaManager | None = None,
         ready_index: ReadyIndex | None = None,
     ) -> None:
+        store = backends.jobs
         self.store = store
+        self.signals = backends.signals
         self.app = app
         self.config = config or WorkerConfig()
-        self.leases: Leases | None = leases
+        # The sweeper duty lives in the store's leases table unless other leases are given.
+        self.leases: Leases = leases or backends.leases
         self.faults = faults or Faults()
         # Global quotas (control/quotas.py): renewed by the heartbeat, one round trip per lease backend. Without
         # a configured manager, quotas live on the store's leases table and no key is configured.
-        store_leases = _store_leases(store)
-        self.quotas: QuotaManager | None = quotas or (
-            QuotaManager(store_leases, {}, ttl_s=self.config.claim_ttl_s) if store_leases is not None else None
-        )
+        self.quotas: QuotaManager | None = quotas or QuotaManager(backends.leases, {}, ttl_s=self.config.claim_ttl_s)
         # The ready index (Redis Streams) only wakes this worker and hints candidates; claims stay the store's
         # conditional UPDATE, and the store is polled whenever the index is down or silent.
         self.ready_index = ready_index
@@ -542,7 +542,7 @@ class Worker:
                 continue
             self._claim_worked()
             if not claims:
-                await self._wait_any(self.store.wait_for_jobs(cfg.poll_s), cfg.poll_s)
+                await self._wait_any(self.signals.wait_for_jobs(cfg.poll_s), cfg.poll_s)
                 continue
             self._busy += len(claims)
             self._obs.claimed(claims)
@@ -616,7 +616,7 @@ class Worker:
             await self._ack_hints(deliveries, {c.fence.job_id for c in claims})
             if not claims:
                 if not index_up:
-                    await self._wait_any(self.store.wait_for_jobs(cfg.poll_s), cfg.poll_s)
+                    await self._wait_any(self.signals.wait_for_jobs(cfg.poll_s), cfg.poll_s)
                 continue
             self._busy += len(claims)
             for c in claims:
@@ -1137,7 +1137,7 @@ class Worker:
         polling on SQLite). The heartbeat reply still carries the cancel flags: this loop only makes it fast."""
         while True:
             try:
-                hint = await self.store.wait_for_control(self.config.poll_s)
+                hint = await self.signals.wait_for_control(self.config.poll_s)
                 if hint is not None and not hint:
                     continue
                 ids = [j for j in self._running if hint is None or j in hint]
@@ -1158,10 +1158,9 @@ class Worker:
     # -- sweeper duty ---------------------------------------------------------------------------------------------------
     async def _sweeper_loop(self) -> None:
         cfg = self.config
-        duty = self.leases or _store_leases(self.store)
         while True:
             try:
-                if duty is not None and await duty.acquire(SWEEPER_DUTY, self.id, 1, cfg.claim_ttl_s):
+                if await self.leases.acquire(SWEEPER_DUTY, self.id, 1, cfg.claim_ttl_s):
                     report = await self.store.sweep(cfg.worker_ttl_s)
                     await self._hint_ready(report.released + report.requeued + report.due)
                     if report.total():
@@ -1210,10 +1209,8 @@ class Worker:
         self.state = WorkerState.GONE
         self._obs.show_state(self.state)
         self._obs.close()
-        duty = self.leases or _store_leases(self.store)
         with contextlib.suppress(StoreUnavailable):
-            if duty is not None:
-                await duty.release(SWEEPER_DUTY, self.id)
+            await self.leases.release(SWEEPER_DUTY, self.id)
             await self.store.set_worker_state(self.id, WorkerState.GONE)
         await self._adapter.close(5.0)
         if self._process_adapter is not None:
@@ -1236,11 +1233,6 @@ async def _keep_running(name: str, loop: Callable[[], Awaitable[None]]) -> None:
             log.exception("the %s loop failed; starting it again in %.1f s", name, delay)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 5.0)
-
-
-def _store_leases(store: Store) -> Leases | None:
-    # The SQL stores implement Leases too; the sweeper duty lives in the store unless Redis leases are given.
-    return store if isinstance(store, Leases) else None
 
 
 class _HandlerTimeout(Exception):
