@@ -119,9 +119,9 @@ class JobStore(Protocol):
         ...
 
     async def run_between_transactions(self, fn: Callable[[], T]) -> T:
-        """Run `fn` where no transaction of this store can be open. Fault injection freezes the process there, so
-        a process frozen on purpose never holds a database lock (on SQLite that would stall every writer on the
-        machine until it resumes)."""
+        """Run `fn` (fault injection's freeze) where freezing the process stalls no other process's writes: on
+        SQLite, on the connection thread between two transactions (a process frozen inside one would hold the
+        database's write lock, stalling every writer on the machine until it resumes)."""
         ...
 
     async def close(self) -> None:

@@ -101,8 +101,8 @@ class PostgresStore:
             await conn.execute(Q["notify_control"], [job_id])
 
     async def run_between_transactions(self, fn: Callable[[], T]) -> T:
-        """Run `fn` at once, on the loop's thread: every transaction of this store is one statement or one
-        `async with` block inside a method, so between two awaited calls none is open."""
+        """Run `fn` at once, on the loop's thread: PostgreSQL has no database-wide write lock, so a process frozen
+        with a transaction open holds at most that transaction's row locks (what a frozen worker always did)."""
         return fn()
 
     # -- lifecycle ---------------------------------------------------------------------------------------------
