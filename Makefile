@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: demo test install dev services tools lint bench clean
+.PHONY: demo test install dev services tools browser lint bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -34,12 +34,16 @@ services:
 tools:
 	scripts/ensure-tools.sh
 
+# Chromium (Debian's `chromium` package, /usr/bin/chromium) for tests/browser; installed only if missing.
+browser:
+	scripts/ensure-browser.sh
+
 lint: dev
 	$(VENV)/bin/ruff check src tests
 	$(VENV)/bin/ruff format --check src tests bench examples
 	$(VENV)/bin/mypy
 
-test: dev services tools lint
+test: dev services tools browser lint
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 bench: dev services

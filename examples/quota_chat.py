@@ -7,6 +7,8 @@ beyond 4 requests in flight.
 It starts the mock model (`tenure mock-model`), two `tenure worker` processes with 6 slots each (12 handlers,
 so the quota is what keeps the model under its limit), submits 60 `chat` jobs with `tenure.connect`, waits
 for them, and prints the model's own counters: `rejected_429` stays 0 and `max_in_flight` stays <= 4.
+On a Redis that has never held Tenure leases, the first slot is granted one claim TTL after the first try (Redis
+cannot tell a new server from one that lost its leases; docs/quotas.md, "When Redis loses its leases").
 """
 
 from __future__ import annotations

@@ -305,6 +305,7 @@ def worker_config(settings: Settings) -> Any:
         drain_timeout_s=settings.drain_timeout_s,
         poll_s=settings.poll_s,
         capabilities=settings.capabilities,
+        claim_mode=settings.claim_mode,
         lag_interval_s=settings.lag_interval_s,
         stall_threshold_s=settings.stall_threshold_s,
         degraded_lag_s=settings.degraded_lag_s,
@@ -339,7 +340,9 @@ async def open_quotas(settings: Settings, backends: Backends, ttl_s: float) -> A
             specs,
             ttl_s=ttl_s,
             channel=channel,
-            poll_s=0.25 if channel is None else 1.0,
+            # The floor also finds a slot that came free by expiry (a dead holder's): at most one heartbeat late,
+            # so a leaked slot is taken up again within one TTL plus one heartbeat of its holder's death.
+            poll_s=min(0.25 if channel is None else 1.0, settings.heartbeat_s),
             leases_announce=own_leases is not None,
         )
     finally:

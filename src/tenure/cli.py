@@ -20,6 +20,7 @@ from tenure.contracts.errors import ConfigError, InvalidRequest, NotFound, Tenur
 from tenure.contracts.states import JobState
 from tenure.contracts.store import JobStore
 from tenure.contracts.types import Job
+from tenure.control.admission import parse_json
 from tenure.observability.logs import set_process_log_fields, setup_logging
 from tenure.settings import Settings
 
@@ -60,22 +61,24 @@ def _print_job(job: Job) -> None:
 
 
 def _read_input(text: str) -> Any:
+    """The job input of `--input`: JSON text, `@file` or `-` (standard input), read by the same rules as an HTTP
+    body (admission's `parse_json`: strict JSON, Unicode text, bounded nesting), so a bad one is one
+    `invalid_request` paragraph, never a traceback. Files and standard input are read as bytes and decoded by
+    the parser, which names the source of a byte that is not UTF-8."""
+    raw: str | bytes
     if text == "-":
-        raw = sys.stdin.read()
+        raw = sys.stdin.buffer.read()
         source = "standard input"
     elif text.startswith("@"):
         try:
-            with open(text[1:], encoding="utf-8") as f:
+            with open(text[1:], "rb") as f:
                 raw = f.read()
         except OSError as exc:
             raise InvalidRequest(f"cannot read input file {text[1:]!r}: {exc.strerror}") from exc
         source = text[1:]
     else:
         raw, source = text, "--input"
-    try:
-        return json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise InvalidRequest(f"{source} is not valid JSON: {exc}") from exc
+    return parse_json(raw, source)
 
 
 # -- commands ---------------------------------------------------------------------------------------------------------
@@ -647,7 +650,8 @@ def _explain(exc: BaseException) -> str:
             pass
         else:
             parts.append(text)
-        cur = cur.__cause__ or cur.__context__
+        # `raise ... from None` means the context is not a cause (a decoder's own error behind its rewording).
+        cur = cur.__cause__ or (None if cur.__suppress_context__ else cur.__context__)
     return "; caused by: ".join(parts)
 
 

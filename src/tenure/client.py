@@ -18,7 +18,8 @@ from typing import Any
 
 import httpx
 
-from tenure.contracts.errors import TenureError
+from tenure.contracts.errors import InvalidRequest, TenureError
+from tenure.control.admission import MAX_JSON_DEPTH
 
 TERMINAL_EVENTS = frozenset({"job.succeeded", "job.failed", "job.cancelled", "job.lost", "job.expired", "job.dead"})
 TERMINAL_STATES = frozenset({"succeeded", "failed", "cancelled", "lost", "expired", "dead"})
@@ -60,6 +61,11 @@ class Client:
     async def aclose(self) -> None:
         await self._http.aclose()
 
+    async def _post_json(self, path: str, body: Any, headers: dict[str, str] | None = None) -> httpx.Response:
+        return await self._call(
+            "POST", path, content=_json_body(body), headers={"Content-Type": "application/json", **(headers or {})}
+        )
+
     async def _call(self, method: str, path: str, **kw: Any) -> httpx.Response:
         r = await self._http.request(method, path, **kw)
         if r.status_code >= 400:
@@ -93,7 +99,7 @@ class Client:
             if v is not None:
                 body[k] = v
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
-        r = await self._call("POST", "/v1/jobs", json=body, headers=headers)
+        r = await self._post_json("/v1/jobs", body, headers)
         job: dict[str, Any] = r.json()
         job["_created"] = r.status_code == 201
         return job
@@ -121,13 +127,13 @@ class Client:
         return str((await self._call("POST", f"/v1/jobs/{job_id}/cancel", params=params)).json()["outcome"])
 
     async def send_input(self, job_id: str, input: Any) -> str:
-        return str((await self._call("POST", f"/v1/jobs/{job_id}/input", json={"input": input})).json()["outcome"])
+        return str((await self._post_json(f"/v1/jobs/{job_id}/input", {"input": input})).json()["outcome"])
 
     async def approve(self, job_id: str, approved: bool = True, comment: str | None = None) -> str:
         body: dict[str, Any] = {"approved": approved}
         if comment is not None:
             body["comment"] = comment
-        return str((await self._call("POST", f"/v1/jobs/{job_id}/approve", json=body)).json()["outcome"])
+        return str((await self._post_json(f"/v1/jobs/{job_id}/approve", body)).json()["outcome"])
 
     async def workers(self) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = (await self._call("GET", "/v1/workers")).json()["workers"]
@@ -186,3 +192,15 @@ class Client:
                         data = []
                 elif line.startswith("data:"):
                     data.append(line[5:].lstrip(" "))
+
+
+def _json_body(value: Any) -> bytes:
+    """A request body as ASCII JSON. A str that is not Unicode text (a lone surrogate) goes out as its `\\u`
+    escape and the gateway answers with its problem (400, raised as `GatewayError`), where httpx's UTF-8 encoding
+    would raise a UnicodeEncodeError here; what cannot be JSON at all is refused before any request."""
+    try:
+        return json.dumps(value, separators=(",", ":"), allow_nan=False).encode("ascii")
+    except RecursionError:
+        raise InvalidRequest(f"the request nests too deep for JSON (the gateway accepts {MAX_JSON_DEPTH} levels)") from None
+    except (TypeError, ValueError) as exc:
+        raise InvalidRequest(f"the request is not JSON-serializable: {exc}") from None

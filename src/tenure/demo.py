@@ -161,7 +161,9 @@ class Demo:
             TENURE_LOG_LEVEL="info",
         )
         if faults:
+            # The pre-start window the hook stretches is the two-step claim's (docs/fault-injection.md).
             env["TENURE_FAULTS"] = faults
+            env["TENURE_CLAIM_MODE"] = "two_step"
         cmd = [
             sys.executable,
             "-m",

@@ -73,6 +73,7 @@ class Settings:
     poll_s: float = 1.0
     concurrency: int = 10
     capabilities: tuple[str, ...] = ()
+    claim_mode: str = "one_step"
     max_input_bytes: int = 1024 * 1024
     default_deadline_s: float = 300.0
     sqlite_synchronous: str = "FULL"
@@ -147,6 +148,7 @@ _PARSERS: dict[str, Any] = {
     "poll_s": _pos_float,
     "concurrency": _pos_int,
     "capabilities": _tags,
+    "claim_mode": _choice("one_step", "two_step"),
     "max_input_bytes": _pos_int,
     "default_deadline_s": _pos_float,
     "sqlite_synchronous": _choice("FULL", "NORMAL"),

@@ -44,6 +44,14 @@ def job_count(url: str) -> int:
         (["submit", "echo", "--input", "{not json"], None, "--input is not valid JSON"),
         (["submit", "echo", "--input", "-"], "[1, 2,", "standard input is not valid JSON"),
         (["submit", "echo", "--input", "@/nonexistent/file.json"], None, "cannot read input file"),
+        (["submit", "echo", "--input", '"\\ud800"'], None, "invalid_request: --input holds a lone UTF-16 surrogate"),
+        (["submit", "echo", "--input", '{"\\udfff": 1}'], None, "invalid_request: --input holds a lone UTF-16"),
+        (["submit", "echo", "--input", '"\udcff"'], None, "invalid_request: --input is not Unicode text"),  # raw byte
+        (["submit", "echo", "--input", '{"a": NaN}'], None, "--input is not valid JSON: NaN is not a JSON number"),
+        (["submit", "echo", "--input", "1e999"], None, "--input is not valid JSON: the number 1e999 is out of range"),
+        (["submit", "echo", "--input", '"\\u0000"'], None, "invalid_request: --input holds U+0000"),
+        (["submit", "echo", "--input", "[" * 65 + "]" * 65], None, "--input nests arrays and objects deeper than 64"),
+        (["submit", "echo", "--input", "-"], "[" * 50000 + "]" * 50000, "standard input nests arrays and objects"),
         (["submit", "echo", "--priority", "-1"], None, "priority must be an integer from 0 to 100"),
         (["submit", "echo", "--max-attempts", "0"], None, "max_attempts must be an integer from 1"),
         (["submit", "echo", "--deadline-s", "-5"], None, "deadline_s must be a number of seconds"),
@@ -62,6 +70,16 @@ def test_bad_input_is_a_clear_error_and_writes_nothing(
     assert message in out.stderr
     assert "Traceback" not in out.stderr
     assert job_count(sqlite_database_url) == 0
+
+
+def test_an_input_file_that_is_not_utf8_is_a_clear_error(sqlite_database_url: str, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_bytes(b'{"a": "\xff\xfe"}')
+    out = tenure(sqlite_database_url, "submit", "echo", "--input", f"@{bad}")
+    assert out.returncode == 1 and f"tenure: invalid_request: {bad} is not UTF-8 text" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr and job_count(sqlite_database_url) == 0
+    out = tenure(sqlite_database_url, "submit", "echo", "--input", "-", stdin="[" * 64 + "]" * 64)
+    assert out.returncode == 0, out.stderr  # the limit itself is accepted
 
 
 def test_input_over_the_size_limit_is_refused(sqlite_database_url: str, tmp_path: Path) -> None:

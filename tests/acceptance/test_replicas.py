@@ -20,7 +20,7 @@ from tests.conftest import PYTHON, ROOT
 
 pytestmark = pytest.mark.slow
 
-CAPS = {"TENURE_MAX_QUEUED": "3", "TENURE_MAX_QUEUED_PER_TENANT": "3"}
+CAPS = {"TENURE_MAX_QUEUED": "3", "TENURE_MAX_QUEUED_PER_TENANT": "3", "TENURE_BREAKER_THRESHOLD": "2"}
 
 
 @pytest.fixture
@@ -88,3 +88,42 @@ async def test_two_gateways_share_idempotency_caps_and_streams(two_gateways: tup
         assert (await a.post("/v1/jobs", json=parked)).status_code == 201
         is_problem(await b.post("/v1/jobs", json=parked), 429)
         is_problem(await a.post("/v1/jobs", json=parked), 429)
+
+
+async def test_two_gateways_share_the_circuit_breaker_and_keep_tenants_apart(two_gateways: tuple[Up, str]) -> None:
+    """On PostgreSQL with two gateways: timeouts counted through one gateway open the circuit on the other (the
+    window is a table, not a counter in one process), and a tenant sees nothing of another's jobs on either."""
+    up, url_b = two_gateways
+    async with (
+        httpx.AsyncClient(base_url=up.url, headers=up.headers("tenant-a"), timeout=30) as a,
+        httpx.AsyncClient(base_url=url_b, headers=up.headers("tenant-b"), timeout=30) as b,
+        httpx.AsyncClient(base_url=url_b, headers=up.headers("tenant-a"), timeout=30) as a_on_b,
+    ):
+        # Tenant isolation across gateways.
+        mine = (await a.post("/v1/jobs", json={"agent": "echo", "input": 1}, headers={"Idempotency-Key": "k"})).json()
+        assert (await a_on_b.get(f"/v1/jobs/{mine['id']}")).status_code == 200
+        for path in (f"/v1/jobs/{mine['id']}", f"/v1/jobs/{mine['id']}/events?format=json"):
+            is_problem(await b.get(path), 404)
+        is_problem(await b.post(f"/v1/jobs/{mine['id']}/cancel"), 404)
+        assert mine["id"] not in {j["id"] for j in (await b.get("/v1/jobs")).json()["jobs"]}
+        theirs = await b.post("/v1/jobs", json={"agent": "echo", "input": 1}, headers={"Idempotency-Key": "k"})
+        assert theirs.status_code == 201 and theirs.json()["id"] != mine["id"]  # a key never crosses tenants
+
+        # The circuit: two timeouts admitted through A, refused through B (and A), for every tenant.
+        for _ in range(2):
+            hung = (await a.post("/v1/jobs", json={"agent": "hang"})).json()
+            done = await _until_terminal(a, hung["id"])
+            assert done["error_code"] == "timeout", done
+        for client in (b, a_on_b, a):
+            r = await client.post("/v1/jobs", json={"agent": "hang"})
+            assert "timed out 2 times" in is_problem(r, 503)["detail"] and int(r.headers["retry-after"]) > 1
+        assert (await b.post("/v1/jobs", json={"agent": "echo"})).status_code == 201  # other agents flow
+
+
+async def _until_terminal(client: httpx.AsyncClient, job_id: str) -> dict[str, object]:
+    for _ in range(300):
+        job = (await client.get(f"/v1/jobs/{job_id}")).json()
+        if job["state"] in ("succeeded", "failed", "dead", "lost", "cancelled", "expired"):
+            return dict(job)
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"job {job_id} did not finish")

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 
-from tests.conftest import PYTHON, ROOT
+from tests.conftest import PYTHON, ROOT, drop_pg_schema, new_pg_schema, pg_url
 from tests.integration.procs import FAST
 
 KEYS = {"tenant-a": "key-a-0123456789", "tenant-b": "key-b-0123456789"}
@@ -41,6 +44,20 @@ def descendants(pid: int) -> list[int]:
         out += kids
         todo += kids
     return out
+
+
+@contextlib.contextmanager
+def store_url(backend: str, directory: Path) -> Iterator[str]:
+    """A fresh store for a module-scoped server: a SQLite file in `directory`, or a PostgreSQL schema that is
+    dropped afterwards (the function-scoped `database_url` fixture would start one server per test)."""
+    if backend == "sqlite":
+        yield f"sqlite:///{directory}/tenure.db"
+        return
+    schema = asyncio.run(new_pg_schema())
+    try:
+        yield pg_url(schema)
+    finally:
+        asyncio.run(drop_pg_schema(schema))
 
 
 class Up:

@@ -94,3 +94,9 @@ async def surrogate_event(ctx: Context, input: Any) -> None:
 async def nan_usage(ctx: Context, input: Any) -> dict[str, bool]:
     ctx.usage(input_tokens=float("nan"))
     return {"done": True}
+
+
+@app.agent("nul_result", max_attempts=1)
+async def nul_result(ctx: Context, input: Any) -> dict[str, str]:
+    """PostgreSQL's json functions refuse U+0000: it must fail this job, not wedge the worker's writes."""
+    return {"text": "a\x00b"}

@@ -27,7 +27,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import asyncpg
 import pytest
@@ -38,9 +38,13 @@ from redis.exceptions import RedisError
 import tenure.backends.redis
 from tenure.backends.postgres import PostgresLeases, PostgresStore
 from tenure.backends.redis import RedisLeases
+from tenure.backends.redis._scripts import generation_key
 from tenure.backends.sqlite import SqliteLeases, SqliteStore, database_files
 from tenure.contracts.errors import LeasesUnavailable
 from tenure.contracts.store import LeaseRef, Leases, line_key, new_ticket
+
+if TYPE_CHECKING:  # only for annotations: this file also runs as a script, where `tests` is not importable
+    from tests.integration.redisproc import RedisProc
 
 # tests/conftest.py starts a private redis-server (PRIVATE_TEST_REDIS_URL) unless one is named.
 REDIS_URL = os.environ.get("TENURE_TEST_REDIS_URL") or os.environ.get("PRIVATE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -63,9 +67,23 @@ def _redis_prefix(namespace: str) -> str:
     return f"tenure-test:{namespace}:lease:"
 
 
+async def establish_lease_state(url: str, prefix: str) -> None:
+    """Mark the lease state of `prefix` as begun long ago. A Redis without it cannot be told from one that has just
+    lost its leases, so it grants nothing new for one TTL (docs/quotas.md); a test that wants grants at once on a
+    fresh prefix says the state is old, as it is in a deployment that has run for a while."""
+    client = redis.asyncio.Redis.from_url(url, driver_info=_DRIVER)
+    try:
+        await client.set(generation_key(prefix), 0)
+    finally:
+        await client.aclose()
+
+
 @asynccontextmanager
 async def open_redis(namespace: str, *, drop: bool = True) -> AsyncIterator[Leases]:
-    """`RedisLeases` under a key prefix of its own; dropping deletes that prefix's keys (never FLUSHALL)."""
+    """`RedisLeases` under a key prefix of its own, whose lease state the first opener (`drop=True`) marks as
+    established; dropping deletes that prefix's keys (never FLUSHALL)."""
+    if drop:
+        await establish_lease_state(REDIS_URL, _redis_prefix(namespace))
     leases = RedisLeases(REDIS_URL, prefix=_redis_prefix(namespace))
     try:
         yield leases
@@ -377,6 +395,25 @@ async def test_an_expired_ticket_is_never_handed_a_slot(leases: Leases) -> None:
     assert await leases.holders("k") == ["alive"]
 
 
+async def test_a_slot_handed_over_lasts_only_as_long_as_the_served_ticket_would_have(leases: Leases) -> None:
+    # The ticket's last renewal is the last sign of life of its waiter: a waiter that died in line must not be
+    # handed a slot for a fresh TTL (its slot would come back one TTL after the hand-over, not after its death).
+    loop = asyncio.get_running_loop()
+    assert await leases.acquire("k", "a", limit=1, ttl_s=30)
+    ticket = new_ticket("dead")
+    queued_at = loop.time()
+    assert not await leases.acquire_in_line("k", ticket, limit=1, ttl_s=1.0)
+    assert await leases.release_and_hand_over("k", "a", limit=1, ttl_s=30) == [ticket]
+    assert await leases.holders("k") == ["dead"]
+
+    async def free_again() -> bool:
+        return await leases.acquire("k", "next", limit=1, ttl_s=30)
+
+    await _eventually(free_again, timeout_s=5.0, every_s=0.02)
+    assert loop.time() - queued_at < 2.0, "the handed-over slot outlived its ticket"
+    assert await leases.holders("k") == ["next"]
+
+
 async def test_concurrent_acquires_in_line_admit_exactly_the_limit(
     leases: Leases, open_more: Callable[[], Awaitable[Leases]]
 ) -> None:
@@ -618,10 +655,96 @@ async def test_redis_key_life_is_extended_never_shortened(redis_leases: RedisLea
 
 
 async def test_redis_from_client_leaves_the_callers_client_open(namespace: str, raw_redis: redis.asyncio.Redis) -> None:
+    await establish_lease_state(REDIS_URL, _redis_prefix(namespace))
     shared = RedisLeases.from_client(raw_redis, prefix=_redis_prefix(namespace))
     assert await shared.acquire("k", "a", limit=1, ttl_s=30)
     await shared.close()
-    assert await raw_redis.delete(shared.prefix + "k") == 1
+    assert await raw_redis.delete(shared.prefix + "k", generation_key(shared.prefix)) == 2
+
+
+# -- Redis only: losing the lease state (a private redis-server, flushed or restarted without persistence) ------
+LOSS_TTL_S = 1.0
+
+
+@pytest.fixture
+async def private_leases(private_redis: RedisProc, namespace: str) -> AsyncIterator[RedisLeases]:
+    """`RedisLeases` on a redis-server of this test's own, with an established lease state."""
+    await establish_lease_state(private_redis.url, _redis_prefix(namespace))
+    leases = RedisLeases(private_redis.url, prefix=_redis_prefix(namespace), timeout_s=2.0)
+    try:
+        yield leases
+    finally:
+        await leases.close()
+
+
+@pytest.mark.parametrize("loss", ["flushall", "restart"])
+async def test_redis_grants_nothing_new_for_one_ttl_after_losing_its_leases(
+    private_leases: RedisLeases, private_redis: RedisProc, loss: str
+) -> None:
+    leases, ttl = private_leases, LOSS_TTL_S
+    loop = asyncio.get_running_loop()
+    old = [LeaseRef("k", h) for h in ("a", "b", "c")]
+    for ref in old:
+        assert await leases.acquire("k", ref.holder, limit=3, ttl_s=ttl)
+    if loss == "flushall":
+        private_redis.flushall()
+    else:
+        private_redis.restart()
+    lost_at = loop.time()
+    # The old holders may still be calling upstream until their next renewal: a newcomer must not join them.
+    assert not await leases.acquire("k", "new", limit=3, ttl_s=ttl)
+    first, second = new_ticket("first"), new_ticket("second")
+    assert not await leases.acquire_in_line("k", first, limit=3, ttl_s=ttl)
+    assert not await leases.acquire_in_line("k", second, limit=3, ttl_s=ttl)
+    assert await leases.renew(old, ttl_s=ttl) == old, "the old holders learn at their renewal that they lost"
+    assert await leases.release_and_hand_over("k", "a", limit=3, ttl_s=ttl) == [], "a hand-over grants too"
+    assert not await leases.acquire("k", "a", limit=3, ttl_s=ttl), "an old holder is a new holder now"
+    assert await leases.holders("k") == []
+
+    async def first_served() -> bool:
+        # Both waiters poll, as the quota manager's do (which also keeps their tickets alive); one slot is asked for.
+        assert not await leases.acquire_in_line("k", second, limit=1, ttl_s=ttl), "the second overtook the first"
+        return await leases.acquire_in_line("k", first, limit=1, ttl_s=ttl)
+
+    await _eventually(first_served, timeout_s=5 * ttl)
+    assert loop.time() - lost_at >= ttl, "a slot was granted within one TTL of the loss"
+    assert not await leases.acquire_in_line("k", new_ticket("late"), limit=2, ttl_s=ttl), "the line kept its order"
+    assert await leases.acquire_in_line("k", second, limit=2, ttl_s=ttl)
+    assert sorted(await leases.holders("k")) == ["first", "second"]
+
+
+async def test_a_new_redis_waits_one_ttl_before_its_first_grant(private_redis: RedisProc, namespace: str) -> None:
+    # Redis cannot tell a new server from one that has just lost its leases: the same rule holds for both.
+    leases = RedisLeases(private_redis.url, prefix=_redis_prefix(namespace))
+    try:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        assert not await leases.acquire("k", "a", limit=1, ttl_s=LOSS_TTL_S)
+
+        async def granted() -> bool:
+            return await leases.acquire("k", "a", limit=1, ttl_s=LOSS_TTL_S)
+
+        await _eventually(granted, timeout_s=5 * LOSS_TTL_S)
+        assert loop.time() - started >= LOSS_TTL_S
+    finally:
+        await leases.close()
+
+
+async def test_existing_leases_live_on_when_only_the_generation_key_is_lost(
+    private_leases: RedisLeases, private_redis: RedisProc
+) -> None:
+    # Only new leases wait: a lease Redis still has is renewed and refreshed as usual.
+    leases = private_leases
+    assert await leases.acquire("k", "a", limit=2, ttl_s=30)
+    client = redis.asyncio.Redis.from_url(private_redis.url, driver_info=_DRIVER)
+    try:
+        assert await client.delete(generation_key(leases.prefix)) == 1
+    finally:
+        await client.aclose()
+    assert await leases.renew([LeaseRef("k", "a")], ttl_s=30) == []
+    assert await leases.acquire("k", "a", limit=2, ttl_s=30)
+    assert not await leases.acquire("k", "b", limit=2, ttl_s=30)
+    assert await leases.holders("k") == ["a"]
 
 
 async def test_unreachable_redis_raises_leases_unavailable_from_the_driver_error() -> None:

@@ -53,7 +53,9 @@ async def owner_of(client: LocalClient, job_id: str, pid: int) -> Job | None:
 async def test_worker_killed_before_start_loses_its_claim_to_another_with_epoch_plus_one(
     client: LocalClient, workers: list[WorkerProc], database_url: str, tmp_path: Path
 ) -> None:
-    a = spawn(workers, database_url, tmp_path, "a", env={"TENURE_FAULTS": "after_claim=sleep:60"})
+    a = spawn(
+        workers, database_url, tmp_path, "a", env={"TENURE_FAULTS": "after_claim=sleep:60", "TENURE_CLAIM_MODE": "two_step"}
+    )
     job_id = await client.submit("echo", {"hello": 1})
     claimed = await eventually(lambda: owner_of(client, job_id, a.pid), 20, "worker a to claim the job")
     assert claimed.state is JobState.QUEUED and claimed.epoch == 1 and claimed.execution_started_at is None
@@ -104,7 +106,9 @@ async def test_worker_killed_after_start_leaves_the_job_lost_and_never_runs_it_a
 async def test_a_worker_frozen_before_start_and_resumed_after_a_reclaim_writes_nothing(
     client: LocalClient, workers: list[WorkerProc], database_url: str, tmp_path: Path
 ) -> None:
-    a = spawn(workers, database_url, tmp_path, "a", env={"TENURE_FAULTS": "after_claim=stop"})
+    a = spawn(
+        workers, database_url, tmp_path, "a", env={"TENURE_FAULTS": "after_claim=stop", "TENURE_CLAIM_MODE": "two_step"}
+    )
     job_id = await client.submit("sleep", {"seconds": 0.3, "every": 0.05})
     await eventually(lambda: owner_of(client, job_id, a.pid), 20, "worker a to claim (and freeze)")
     b = spawn(workers, database_url, tmp_path, "b")
@@ -145,7 +149,14 @@ async def test_a_worker_frozen_after_start_and_resumed_after_being_declared_lost
 async def test_sigterm_releases_unstarted_claims_at_once_and_lets_running_jobs_finish(
     client: LocalClient, workers: list[WorkerProc], database_url: str, tmp_path: Path
 ) -> None:
-    a = spawn(workers, database_url, tmp_path, "a", concurrency=2, env={"TENURE_FAULTS": "after_claim@echo=sleep:60"})
+    a = spawn(
+        workers,
+        database_url,
+        tmp_path,
+        "a",
+        concurrency=2,
+        env={"TENURE_FAULTS": "after_claim@echo=sleep:60", "TENURE_CLAIM_MODE": "two_step"},
+    )
     long_id = await client.submit("sleep", {"seconds": 2.5, "every": 0.5})
     await eventually(lambda: _running(client, long_id), 20, "the long job to start")
     short_id = await client.submit("echo", {"x": 1})
@@ -168,7 +179,9 @@ async def test_a_cancel_in_the_pre_start_window_stops_the_start_and_the_job_ends
 ) -> None:
     """A cancel that arrives while a job is claimed but not yet started: the start CAS refuses it, the job
     ends cancelled with no execution.started, and the worker goes on to run the next job."""
-    a = spawn(workers, database_url, tmp_path, "a", env={"TENURE_FAULTS": "after_claim=sleep:3"})
+    a = spawn(
+        workers, database_url, tmp_path, "a", env={"TENURE_FAULTS": "after_claim=sleep:3", "TENURE_CLAIM_MODE": "two_step"}
+    )
     job_id = await client.submit("echo", {"x": 1})
     claimed = await eventually(lambda: owner_of(client, job_id, a.pid), 20, "worker a to claim the job")
     assert claimed.state is JobState.QUEUED and claimed.execution_started_at is None

@@ -29,6 +29,7 @@ HOSTILE = {
     "nul_error": "ValueError",
     "surrogate_event": "surrogate",
     "nan_usage": "usage",
+    "nul_result": "NUL",
 }
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from pathlib import Path
 
 import pytest
 import redis
@@ -17,7 +18,7 @@ from tenure.contracts.errors import LeaseLost, QuotaExhausted, QuotaUnavailable
 from tenure.contracts.quotas import QuotaSpec
 from tenure.contracts.store import LeaseRef, Leases
 from tenure.control.quotas import QuotaManager, quota_topic
-from tests.contract.test_leases import BACKENDS, REDIS_URL
+from tests.contract.test_leases import BACKENDS, REDIS_URL, establish_lease_state
 
 TTL = 5.0
 
@@ -272,6 +273,7 @@ async def test_waiters_in_other_processes_are_woken_by_a_message_not_by_polling(
     chan = f"tenure-test:{namespace}:chan:"
     in_script = announced_by == "lease script"
     announce_prefix = chan + quota_topic("") if in_script else None
+    await establish_lease_state(REDIS_URL, prefix)
     leases = [RedisLeases(REDIS_URL, prefix=prefix, announce_prefix=announce_prefix) for _ in range(2)]
     channels = [RedisChannel(REDIS_URL, prefix=chan) for _ in range(2)]
     specs = {"k": QuotaSpec("k", 1)}
@@ -388,3 +390,25 @@ def test_a_long_topic_becomes_a_notify_channel_within_postgres_identifier_limit(
     assert chan.name("quota:k") == "tenure_chan:quota:k"
     long = chan.name("quota:" + "x" * 100)
     assert len(long.encode()) <= 63 and long.startswith("tenure_chan:") and long != chan.name("quota:" + "y" * 100)
+
+
+@pytest.mark.parametrize("with_redis", [False, True])
+async def test_waiters_poll_at_least_once_a_heartbeat(tmp_path: Path, with_redis: bool) -> None:
+    # A slot freed by expiry (its holder died) is found only by a waiter's poll: polling less often than once a
+    # heartbeat would take it up later than one TTL plus one heartbeat after the death.
+    from tenure.app import open_backends, open_quotas
+    from tenure.settings import Settings
+
+    settings = Settings(
+        database_url=f"sqlite:///{tmp_path}/q.db",
+        heartbeat_s=0.125,
+        claim_ttl_s=0.5,
+        redis_url=REDIS_URL if with_redis else None,
+        quotas={"k": QuotaSpec("k", 1)},
+    )
+    backends = await open_backends(settings)
+    try:
+        async with open_quotas(settings, backends, settings.claim_ttl_s) as quotas:
+            assert quotas.poll_s <= settings.heartbeat_s
+    finally:
+        await backends.close()

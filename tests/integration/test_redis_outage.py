@@ -1,19 +1,24 @@
 """Redis is the accelerator, never the truth: restarting or flushing it (a private redis-server, never the
-shared one) during a run loses no job and runs none twice, and a cancel still reaches a running job through
-the heartbeat while Redis is down."""
+shared one) during a run loses no job and runs none twice, a cancel still reaches a running job through
+the heartbeat while Redis is down, and a quota whose leases Redis lost admits nobody new until the old holders
+have stopped."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tenure.app import connect
+from tenure.backends.redis import RedisLeases
 from tenure.contracts.states import JobState
 from tenure.contracts.types import ControlOutcome
 from tenure.control.admission import JobRequest
 from tenure.settings import Settings
+from tests.integration.mockmodel import start_mock_model, stop_process
 from tests.integration.procs import FAST, WorkerProc, eventually
 from tests.integration.redisproc import RedisProc
 
@@ -82,3 +87,66 @@ async def test_a_cancel_reaches_a_running_job_through_the_heartbeat_while_redis_
     assert job.cancel_requested_at is not None and job.finished_at is not None
     # Both times are the database's clock: the cancel reached the job at the next heartbeat.
     assert job.finished_at - job.cancel_requested_at <= HEARTBEAT_S + 0.5
+
+
+QUOTA = 3
+
+
+@pytest.fixture
+def mock_model() -> Iterator[str]:
+    """The model counts what it sees; its own limit is far above the quota, so an overrun shows in max_in_flight
+    rather than as 429s."""
+    process, url = start_mock_model(4 * QUOTA, latency_ms=800)
+    try:
+        yield url
+    finally:
+        stop_process(process)
+
+
+@pytest.mark.parametrize("loss", ["flushall", "restart"])
+async def test_a_quota_admits_no_more_than_its_limit_when_redis_loses_its_leases(
+    pg_database_url: str, private_redis: RedisProc, mock_model: str, tmp_path: Path, loss: str
+) -> None:
+    """Leases on a Redis without persistence: after a FLUSHALL or a restart, the old holders go on with their calls
+    until their next renewal tells them the lease is gone (LeaseLost); nobody new may join them meanwhile."""
+    env = {
+        "TENURE_QUOTAS": f"llm:mock={QUOTA}",
+        "TENURE_REDIS_URL": private_redis.url,
+        "TENURE_MODEL_URL": mock_model,
+        # Renewals a second apart: the old holders may call for up to a second after the loss. Two workers of 8
+        # slots, so that 13 waiters poll for a slot meanwhile.
+        "TENURE_HEARTBEAT_S": "1",
+        "TENURE_CLAIM_TTL_S": "3",
+    }
+    workers = [WorkerProc(pg_database_url, tmp_path, f"w{i}", concurrency=8, env=env) for i in range(2)]
+    stats_url = mock_model.removesuffix("/v1") + "/stats"
+    newcomer = RedisLeases(private_redis.url, prefix="tenure:lease:")  # where the workers keep their leases
+    try:
+        async with connect("tenure.examples:app", pg_database_url) as client, httpx.AsyncClient() as http:
+            await client.submit_many([JobRequest("chat", {"prompt": f"job {i}", "max_tokens": 8}) for i in range(300)])
+
+            async def quota_in_use() -> bool:
+                return bool((await http.get(stats_url)).json()["in_flight"] == QUOTA)
+
+            async def succeeded() -> int:
+                return len(await client.jobs(state=JobState.SUCCEEDED, limit=500))
+
+            await eventually(quota_in_use, 60, "every quota slot in use")
+            await http.post(stats_url + "/reset")
+            if loss == "flushall":
+                private_redis.flushall()
+            else:
+                private_redis.restart()
+            # Three calls are still in flight at the model, on leases Redis no longer has.
+            joined = await newcomer.acquire("llm:mock", "newcomer", QUOTA, 3.0)
+            done_at_loss = await succeeded()
+            # The quota is taken up again once the quiet window is over, and jobs go on finishing.
+            await eventually(lambda: _at_least(succeeded, done_at_loss + 2 * QUOTA), 60, "jobs to finish after the loss")
+            stats = (await http.get(stats_url)).json()
+    finally:
+        await newcomer.close()
+        for w in workers:
+            w.stop()
+    print(f"{loss}: newcomer granted a slot: {joined}; at most {stats['max_in_flight']} calls in flight (quota {QUOTA})")
+    assert not joined, "a newcomer was granted a slot while the old holders were still calling"
+    assert stats["max_in_flight"] <= QUOTA, stats

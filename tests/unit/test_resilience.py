@@ -12,7 +12,7 @@ import pytest
 from tenure.backends.postgres._connections import translate
 from tenure.contracts.errors import StoreUnavailable
 from tenure.contracts.types import clean_text, describe_error, dumps
-from tenure.worker.worker import _keep_running
+from tenure.worker.duties import keep_running as _keep_running
 
 
 @pytest.mark.parametrize(

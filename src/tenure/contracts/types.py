@@ -69,6 +69,8 @@ def dumps(value: Any) -> str:
     (`"\\ud800"` is a Python string but not UTF-8, and PostgreSQL refuses it). Raising here, in the caller's
     own call (`ctx.emit`, a handler's return), keeps a value no store can hold from reaching a batched write."""
     text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    if holds_nul(text):
+        raise ValueError("this value cannot be stored: it holds U+0000 (NUL), which PostgreSQL cannot hold in text")
     if not text.isascii():
         try:
             text.encode("utf-8")
@@ -81,6 +83,15 @@ def dumps(value: Any) -> str:
 
 
 _SURROGATES = re.compile("[\ud800-\udfff]")
+# A `\u0000` escape that is not the tail of an escaped backslash (`\\u0000` is the text "\u0000"): exact on JSON
+# text, where a backslash only occurs in strings and strict JSON has no raw control characters.
+_NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
+def holds_nul(json_text: str) -> bool:
+    """Whether JSON text holds U+0000 in a string or key: PostgreSQL's text and json functions refuse it, so no
+    store takes it (the same rule for every backend)."""
+    return "\\u0000" in json_text and _NUL_ESCAPE.search(json_text) is not None
 
 
 def clean_text(text: str, limit: int = 4000) -> str:

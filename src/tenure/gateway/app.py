@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -36,7 +35,7 @@ from tenure.contracts.ready import ReadyIndex
 from tenure.contracts.states import JobState
 from tenure.contracts.store import Backends
 from tenure.contracts.types import AgentSpec, ControlOutcome, Enqueued, Job, JobFilter, dumps, idempotent_replay, is_uuid
-from tenure.control.admission import Admission, AdmissionLimits, JobRequest
+from tenure.control.admission import ENVELOPE_DEPTH, Admission, AdmissionLimits, JobRequest, parse_json, shown
 from tenure.control.gate import CircuitOpen, Gate, GateConfig, InFlight, QueueFull
 from tenure.gateway.auth import Auth, Principal
 from tenure.gateway.openapi import openapi_document
@@ -181,7 +180,7 @@ class Gateway:
     async def _body(self, request: Request) -> Any:
         limit = self.config.max_body_bytes
         length = request.headers.get("content-length")
-        if length is not None and (not length.isdigit() or int(length) > limit):
+        if length is not None and (not (length.isascii() and length.isdigit()) or int(length) > limit):
             raise Problem(413, "Body too large", f"the request body is over {limit} bytes", "body-too-large")
         chunks, size = [], 0
         async for chunk in request.stream():
@@ -192,10 +191,7 @@ class Gateway:
         raw = b"".join(chunks)
         if not raw.strip():
             raise Problem(400, "Missing body", "this endpoint needs a JSON body", "bad-json")
-        try:
-            return json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise Problem(400, "Malformed JSON", f"the body is not valid JSON: {exc}", "bad-json") from None
+        return parse_json(raw, "the body", max_depth=ENVELOPE_DEPTH)  # InvalidJSON: 400 (problems.from_error)
 
     async def load_job(self, job_id: str, who: Principal) -> Job:
         job = await self.store.get_job(parse_job_id(job_id), who.tenant)
@@ -261,12 +257,15 @@ class Gateway:
             try:
                 state = JobState(q["state"])
             except ValueError:
-                raise Problem(400, "Bad parameter", f"unknown state {q['state']!r}", "bad-parameter") from None
+                raise Problem(400, "Bad parameter", f"unknown state {shown(q['state'])}", "bad-parameter") from None
         cursor = q.get("cursor") or None
         if cursor is not None and not is_uuid(cursor):
             raise Problem(400, "Bad cursor", "cursor is the id of the last job of the previous page", "bad-cursor")
+        agent = q.get("agent") or None
+        if agent is not None and "\x00" in agent:  # PostgreSQL text cannot hold it: the store would fail (503)
+            raise Problem(400, "Bad parameter", "agent must not contain U+0000 (NUL)", "bad-parameter")
         limit = int_param(request, "limit", 50, 1, MAX_LIST)
-        jobs = await self.store.list_jobs(JobFilter(who.tenant, state, q.get("agent") or None, cursor, limit))
+        jobs = await self.store.list_jobs(JobFilter(who.tenant, state, agent, cursor, limit))
         nxt = jobs[-1].id if len(jobs) == limit else None
         return JSONResponse({"jobs": [_job_view(j) for j in jobs], "next_cursor": nxt})
 
@@ -343,6 +342,12 @@ class Gateway:
         last_id = request.headers.get("last-event-id")
         if last_id:
             after = parse_cursor_param(last_id.strip(), "Last-Event-ID")
+        # A finished job with nothing after the cursor (a reconnect at or past its terminal event): 204, the HTML
+        # standard's "stop reconnecting". Otherwise EventSource reconnects after every finished stream and holds
+        # a connection of keep-alives forever. The job was read before the events, so a terminal event appended
+        # between the two reads is seen here, and a requeue after them is found by the next request.
+        if job.state.terminal and not await self.store.read_events(job.id, after, 1):
+            return Response(status_code=204, headers={"Cache-Control": "no-cache"})
         sub = self.hub.subscribe(job.id, after)
 
         async def stream() -> AsyncIterator[str]:

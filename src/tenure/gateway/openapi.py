@@ -18,6 +18,8 @@ def _json(desc: str, schema: dict[str, Any]) -> dict[str, Any]:
 _JOB_ID = {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string", "format": "uuid"}}
 _CONTROL = {"$ref": "#/components/schemas/ControlAnswer"}
 _COMMON = {"401": _problem("no valid API key"), "404": _problem("no such job (or another tenant's)")}
+# Every body is read by admission's parse_json (docs/http-api.md, "What JSON is accepted").
+_BAD_JSON = _problem("JSON not accepted: malformed, NaN/Infinity, a lone surrogate, U+0000, or nested over 64 levels")
 
 
 def openapi_document(agents: list[str]) -> dict[str, Any]:
@@ -128,7 +130,7 @@ def openapi_document(agents: list[str]) -> dict[str, Any]:
                     "responses": {
                         "201": _json("created", job),
                         "200": _json("the original job of a replayed key", job),
-                        "400": _problem("malformed JSON"),
+                        "400": _BAD_JSON,
                         "401": _problem("no valid API key"),
                         "409": _problem("idempotency key reused with another request"),
                         "413": _problem("body too large"),
@@ -219,7 +221,7 @@ def openapi_document(agents: list[str]) -> dict[str, Any]:
                     },
                     "responses": {
                         "202": _json("persisted and delivered to the owner", _CONTROL),
-                        "400": _problem("malformed JSON"),
+                        "400": _BAD_JSON,
                         "409": _problem("the job is finished"),
                         "413": _problem("body too large"),
                         "422": _problem("invalid body"),
@@ -248,7 +250,7 @@ def openapi_document(agents: list[str]) -> dict[str, Any]:
                     },
                     "responses": {
                         "202": _json("persisted and delivered to the owner", _CONTROL),
-                        "400": _problem("malformed JSON"),
+                        "400": _BAD_JSON,
                         "409": _problem("the job is finished"),
                         "413": _problem("body too large"),
                         "422": _problem("invalid body"),
@@ -260,7 +262,8 @@ def openapi_document(agents: list[str]) -> dict[str, Any]:
                 "get": {
                     "operationId": "jobEvents",
                     "description": "SSE (text/event-stream; resume with Last-Event-ID) or, with format=json, a page of "
-                    "the history after a cursor.",
+                    "the history after a cursor. An SSE request for a finished job with no event after its cursor "
+                    "(a reconnect at or past the terminal event) is answered 204: stop reconnecting.",
                     "parameters": [
                         _JOB_ID,
                         {
@@ -294,7 +297,8 @@ def openapi_document(agents: list[str]) -> dict[str, Any]:
                                 },
                             },
                         ),
-                        "400": _problem("bad cursor"),
+                        "204": {"description": "SSE only: the job is finished and nothing follows the cursor"},
+                        "400": _problem("bad cursor (two integers from 0 to 2^63-1) or parameter"),
                         **_COMMON,
                     },
                 }

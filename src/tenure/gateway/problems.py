@@ -3,6 +3,7 @@ never a stack trace."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from starlette.responses import JSONResponse
@@ -16,6 +17,7 @@ from tenure.contracts.errors import (
     TenureError,
     UnknownAgent,
 )
+from tenure.control.admission import InvalidJSON
 from tenure.control.gate import CircuitOpen, QueueFull
 
 TYPE_BASE = "https://tenure.dev/problems/"
@@ -43,7 +45,15 @@ class Problem(Exception):
         }
 
     def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), self.status, headers=self.headers, media_type="application/problem+json")
+        return _ProblemResponse(self.body(), self.status, headers=self.headers, media_type="application/problem+json")
+
+
+class _ProblemResponse(JSONResponse):
+    """A problem body in ASCII JSON: a detail that quotes a client's text (a field name, an agent) renders even if
+    that text is not Unicode, where Starlette's UTF-8 rendering would raise and turn a 4xx into a 500."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, separators=(",", ":")).encode("ascii")
 
 
 def from_error(exc: TenureError) -> Problem:
@@ -56,6 +66,8 @@ def from_error(exc: TenureError) -> Problem:
             "idempotency-conflict",
             existing_job_id=exc.existing_job_id,
         )
+    if isinstance(exc, InvalidJSON):
+        return Problem(400, exc.title, str(exc), exc.kind)
     if isinstance(exc, UnknownAgent):
         return Problem(422, "Unknown agent", str(exc), "unknown-agent")
     if isinstance(exc, InputTooLarge):

@@ -8,7 +8,9 @@ missed. Live events (Postgres NOTIFY bodies) are delivered only when they contin
 same epoch and seq + 1, or a newer epoch at seq 1 — otherwise they are dropped (duplicates, older epochs)
 or trigger a read of the history from the cursor (a gap). On SQLite every notice means "read the history".
 Because the cursor never moves back, an event of an older epoch never reaches a client once a newer epoch
-was delivered. The stream ends after a terminal event `job.<state>` when the history holds nothing after it.
+was delivered. The stream ends after a terminal event `job.<state>` when the history holds nothing after it,
+and at once when it starts at or past the end of a finished job (a client resuming after the terminal event, or
+with a cursor beyond the last event): nothing will ever follow its cursor, so waiting would hang forever.
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ class Subscription:
         self._dirty = True
         self._primed = False  # has read its history once: from then on the hub may feed it
         self._wake = asyncio.Event()
+        self.final_state: str | None = None
+        """Once `batches()` has ended by itself: the job's terminal state (`succeeded`, ...), for the end frame."""
 
     @property
     def caught_up(self) -> bool:
@@ -80,6 +84,19 @@ class Subscription:
             cursor = (e.epoch, e.seq)
         return out
 
+    async def _ended_before(self) -> bool:
+        """Whether the job is finished and nothing follows this stream's cursor. The job is read before the
+        events, so a terminal event appended in between is found (and delivered) rather than skipped."""
+        store = self.hub.store
+        job = await store.get_job(self.job_id)
+        if job is not None and not job.state.terminal:
+            return False
+        if await store.read_events(self.job_id, self.cursor, 1):
+            self._dirty = True  # something came after all (the terminal event, a requeue): read it
+            return False
+        self.final_state = job.state.value if job is not None else None
+        return True
+
     async def batches(self) -> AsyncIterator[list[Event]]:
         store = self.hub.store
         last_type: str | None = None
@@ -92,6 +109,10 @@ class Subscription:
                     self._dirty = False
                     try:
                         batch = await store.read_events(self.job_id, self.cursor, _HISTORY_PAGE)
+                        # Nothing delivered yet, so the cursor is the client's own: at or past the end of a
+                        # finished job, no terminal event will ever come through this stream to end it.
+                        if not batch and last_type is None and await self._ended_before():
+                            return
                     except StoreUnavailable as exc:
                         log.warning("reading the history of %s failed, retrying: %s", self.job_id, exc)
                         self._dirty = True
@@ -102,6 +123,7 @@ class Subscription:
                     else:
                         self._primed = True
                     if not batch and last_type in TERMINAL_EVENTS:
+                        self.final_state = last_type.removeprefix("job.")
                         return  # the terminal event was the last: the stream is complete
                 else:
                     batch = self._take_live()

@@ -6,7 +6,8 @@ Client frames are JSON objects with an `op` and an optional `ref` echoed in the 
     {"op": "subscribe", "job_id": "...", "after": "1-42"}        {"op": "unsubscribe", "job_id": "..."}
     {"op": "cancel" | "input" | "approve", "job_id": "...", ...}  {"op": "ping"}
 
-Server frames: `submitted`, `subscribed`, `event` (the event envelope), `end` (after the terminal event),
+Server frames: `submitted`, `subscribed`, `event` (the event envelope), `end` (after the terminal event, or at
+once for a finished job with nothing after the cursor; with the final `cursor` and `state`),
 `cancel` / `input` / `approve` (with the outcome), `pong`, and `error` ({status, type, title, detail}) for a
 request the gateway refuses; the socket stays open. Close codes: 1003 for a binary frame, 1008 for a client
 that does not read (its queue of frames is full), 1009 for a frame over the size limit (the server's).
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +24,7 @@ from starlette.websockets import WebSocket
 
 from tenure.contracts.errors import InvalidRequest, TenureError
 from tenure.contracts.types import ControlOutcome, dumps
+from tenure.control.admission import ENVELOPE_DEPTH, InvalidJSON, parse_json, shown
 from tenure.gateway.auth import Principal
 from tenure.gateway.problems import Problem, from_error
 from tenure.gateway.requests import check_submit_body, parse_cursor_param
@@ -111,9 +112,11 @@ class WsSession:
 
     async def _handle(self, text: str) -> None:
         try:
-            frame = json.loads(text)
-        except ValueError as exc:
-            self._error(None, Problem(400, "Malformed JSON", f"the frame is not valid JSON: {exc}", "bad-json"))
+            # The same reader as HTTP bodies: a lone surrogate (even in `ref`, which is echoed back) or a deep
+            # frame is refused here, before anything could fail to encode or recurse.
+            frame = parse_json(text, "the frame", max_depth=ENVELOPE_DEPTH)
+        except InvalidJSON as exc:
+            self._error(None, from_error(exc))
             return
         ref = frame.get("ref") if isinstance(frame, dict) else None
         try:
@@ -124,6 +127,10 @@ class WsSession:
             self._error(ref, p)
         except TenureError as exc:
             self._error(ref, from_error(exc))
+        except Exception:
+            # A bug must cost this frame, not the socket and every other stream on it (HTTP answers a 500).
+            log.exception("unhandled error on a websocket frame")
+            self._error(ref, Problem(500, "Internal error", "the gateway failed on this frame; it is logged", "internal"))
 
     async def _dispatch(self, op: str, frame: dict[str, Any], ref: Any) -> None:
         if op == "ping":
@@ -157,7 +164,7 @@ class WsSession:
                 raise Problem(404, "Not found", f"no job {job_id}", "not-found", outcome=outcome.value)
             self.send({"op": op, "ref": ref, "job_id": job_id, "outcome": outcome.value})
         else:
-            raise Problem(400, "Unknown op", f"unknown op {op!r}", "bad-frame")
+            raise Problem(400, "Unknown op", f"unknown op {shown(op)}", "bad-frame")
 
     async def _job(self, frame: dict[str, Any]) -> str:
         job_id = frame.get("job_id")
@@ -201,6 +208,7 @@ class WsSession:
                     "op": "end",
                     "job_id": job_id,
                     "cursor": None if sub.cursor is None else f"{sub.cursor[0]}-{sub.cursor[1]}",
+                    "state": sub.final_state,
                 }
             )
             if self.subs.get(job_id) is asyncio.current_task():

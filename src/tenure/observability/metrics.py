@@ -67,6 +67,7 @@ HEARTBEAT_LATENESS = Histogram(
     buckets=LAG_BUCKETS,
 )
 HEARTBEATS_LATE = Counter("tenure_heartbeats_late_total", "Heartbeats sent more than half an interval late", ["worker"])
+SWEEPS = Counter("tenure_sweeps_total", "Sweeps this worker ran (only while holding the duty:sweeper lease)", ["worker"])
 CLAIM_FAILURES = Counter(
     "tenure_claim_failures_total", "Claim round trips that failed (the worker is degraded until one works)", ["worker"]
 )

@@ -1,5 +1,6 @@
 """The worker process: claims, starts, runs and finishes jobs; heartbeats; holds the sweeper duty."""
 
-from tenure.worker.worker import Worker, WorkerConfig
+from tenure.worker.config import WorkerConfig
+from tenure.worker.worker import Worker
 
 __all__ = ["Worker", "WorkerConfig"]

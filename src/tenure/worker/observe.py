@@ -65,6 +65,7 @@ class WorkerObserver:
         self._hb_lateness = m.HEARTBEAT_LATENESS.labels(worker_id)
         self._hb_late = m.HEARTBEATS_LATE.labels(worker_id)
         self._claim_failures = m.CLAIM_FAILURES.labels(worker_id)
+        self._sweeps = m.SWEEPS.labels(worker_id)
         self._claimed_at: dict[str, float | None] = {}
         self._started_mono: dict[str, float] = {}
         self._shown_state: WorkerState | None = None
@@ -273,6 +274,7 @@ class WorkerObserver:
 
     # -- sweeper duty (only the holder of the sweeper lease exports store-wide numbers) --------------------
     def swept(self, report: SweepReport) -> None:
+        self._sweeps.inc()
         for job_id in report.lost:
             m.JOBS_LOST.inc()
             m.JOBS_FINISHED.labels("", JobState.LOST.value).inc()

@@ -147,12 +147,14 @@ $$;
 
 -- Release a slot and hand every free slot to the oldest tickets of the key's line in the same transaction (under
 -- the key's advisory lock, so an acquirer that found the key full and queued is seen). Returns the tickets served.
+-- A served holder's slot lasts until its ticket would have expired (at most now + TTL), not a fresh TTL: the
+-- ticket's last renewal is the last sign of life of its waiter, which may have died since.
 CREATE FUNCTION tenure_lease_release_and_hand_over(p_key text, p_holder text, p_limit integer, p_ttl double precision)
 RETURNS SETOF text LANGUAGE plpgsql AS $$
 DECLARE
     v_line   text := p_key || '#wait';
     v_free   integer;
-    v_ticket text;
+    v_ticket record;
 BEGIN
     PERFORM pg_advisory_xact_lock(hashtextextended('tenure_lease:' || p_key, 0));
     DELETE FROM leases AS l WHERE l.key = p_key AND l.holder = p_holder;
@@ -162,13 +164,14 @@ BEGIN
         RETURN;
     END IF;
     FOR v_ticket IN
-        SELECT l.holder FROM leases AS l WHERE l.key = v_line ORDER BY l.holder COLLATE "C" LIMIT v_free
+        SELECT l.holder, l.expires_at FROM leases AS l WHERE l.key = v_line ORDER BY l.holder COLLATE "C" LIMIT v_free
     LOOP
-        INSERT INTO leases (key, holder, expires_at)
-            VALUES (p_key, substr(v_ticket, strpos(v_ticket, '/') + 1), now() + make_interval(secs => p_ttl))
-            ON CONFLICT (key, holder) DO UPDATE SET expires_at = EXCLUDED.expires_at;
-        DELETE FROM leases AS l WHERE l.key = v_line AND l.holder = v_ticket;
-        RETURN NEXT v_ticket;
+        INSERT INTO leases AS l (key, holder, expires_at)
+            VALUES (p_key, substr(v_ticket.holder, strpos(v_ticket.holder, '/') + 1),
+                    least(now() + make_interval(secs => p_ttl), v_ticket.expires_at))
+            ON CONFLICT (key, holder) DO UPDATE SET expires_at = greatest(l.expires_at, EXCLUDED.expires_at);
+        DELETE FROM leases AS l WHERE l.key = v_line AND l.holder = v_ticket.holder;
+        RETURN NEXT v_ticket.holder;
     END LOOP;
 END
 $$;

@@ -2,6 +2,13 @@
 
 Layout: one sorted set per lease key, named `<prefix><key>` (default prefix `tenure:lease:`).
 Member = holder id, score = the lease's expiry in milliseconds since the epoch **on Redis's own clock**.
+Beside them, one string per prefix, `<prefix>#generation`: when (Redis ms) this Redis's lease state began.
+
+A Redis without persistence that restarts, or a FLUSHALL, loses every lease while their holders still run: the
+old holders learn it only at their next renewal. A script that finds the generation key missing therefore takes it
+as a loss (Redis cannot tell a new server from an emptied one), writes it, and no script creates a new lease for
+one TTL after that: by then every old holder has been told at a renewal that its lease is gone, or has fenced
+itself for want of one (docs/quotas.md, "When Redis loses its leases").
 
 Every script reads the time with `redis.call('TIME')` inside the script, so expiries never depend on a
 client's clock: two workers whose clocks disagree by a minute still agree on who holds a slot. Since Redis 5
@@ -27,6 +34,12 @@ def lease_key(prefix: str, key: str) -> str:
     return prefix + key
 
 
+def generation_key(prefix: str) -> str:
+    """The Redis key holding when the lease state of `prefix` began (a lease key never contains `#generation`:
+    quota keys cannot contain `#`, and a line key ends in `#wait`)."""
+    return prefix + "#generation"
+
+
 # `now` in ms from the server clock. TIME answers {seconds, microseconds} as strings.
 _NOW = """
 if redis.replicate_commands then redis.replicate_commands() end
@@ -43,11 +56,30 @@ local function keep_key(key, ttl, keep)
 end
 """
 
+# Whether new leases must wait: the lease state began (or was lost) less than one TTL ago. A missing generation key
+# means the state was lost (or never existed: Redis cannot tell), so it is written now and the wait begins.
+# Existing leases are refreshed and renewed as usual; only new ones wait.
+_QUIET = """
+local function quiet(gen, ttl)
+  local born = redis.call('GET', gen)
+  if not born then
+    redis.call('SET', gen, now)
+    return true
+  end
+  return now < tonumber(born) + ttl
+end
+"""
+
+REFUSED_QUIET = 2
+"""What ACQUIRE and ACQUIRE_IN_LINE answer instead of 0 when they refused only because the state is too young."""
+
 ACQUIRE = (
     _NOW
     + _KEEP
+    + _QUIET
     + """
--- KEYS[1] = lease zset; ARGV = holder, limit, ttl_ms, keep_ms. Returns 1 if the holder holds a slot.
+-- KEYS[1] = lease zset, KEYS[2] = generation; ARGV = holder, limit, ttl_ms, keep_ms.
+-- Returns 1 if the holder holds a slot, 0 if every slot is held, 2 if refused within a TTL of a loss.
 local holder = ARGV[1]
 local limit = tonumber(ARGV[2])
 local ttl = tonumber(ARGV[3])
@@ -60,6 +92,7 @@ if redis.call('ZSCORE', KEYS[1], holder) then
   keep_key(KEYS[1], ttl, keep)
   return 1
 end
+if quiet(KEYS[2], ttl) then return 2 end
 if redis.call('ZCARD', KEYS[1]) < limit then
   redis.call('ZADD', KEYS[1], now + ttl, holder)
   keep_key(KEYS[1], ttl, keep)
@@ -68,18 +101,23 @@ end
 return 0
 """
 )
-"""Purge expired leases, then refresh the holder's lease or take a free slot; 1 if held, 0 if full."""
+"""Purge expired leases, then refresh the holder's lease or take a free slot; 1 if held, 0 if full, 2 if refused
+because the lease state began less than a TTL ago."""
 
 RENEW = (
     _NOW
     + _KEEP
+    + _QUIET
     + """
--- KEYS[i] = lease zset of the i-th held lease; ARGV = ttl_ms, keep_ms, holder_1 .. holder_n.
+-- KEYS[i] = lease zset of the i-th held lease, then the generation last; ARGV = ttl_ms, keep_ms, holder_1 .. holder_n.
 -- Returns the 1-based indexes of the leases that were no longer held (lost).
 local ttl = tonumber(ARGV[1])
 local keep = tonumber(ARGV[2])
+-- Renewals come every heartbeat, so they are often the first to find the state lost: start the wait now.
+quiet(KEYS[#KEYS], ttl)
 local lost = {}
-for i, key in ipairs(KEYS) do
+for i = 1, #KEYS - 1 do
+  local key = KEYS[i]
   local holder = ARGV[i + 2]
   local score = redis.call('ZSCORE', key, holder)
   if score and tonumber(score) > now then
@@ -100,9 +138,11 @@ return lost
 ACQUIRE_IN_LINE = (
     _NOW
     + _KEEP
+    + _QUIET
     + """
--- KEYS[1] = lease zset, KEYS[2] = its waiting line (zset: member = ticket '<order>/<holder>', score = expiry);
--- ARGV = ticket, limit, ttl_ms, keep_ms. Returns 1 if the ticket's holder holds a slot, 0 if it waits in line.
+-- KEYS[1] = lease zset, KEYS[2] = its waiting line (zset: member = ticket '<order>/<holder>', score = expiry),
+-- KEYS[3] = generation; ARGV = ticket, limit, ttl_ms, keep_ms. Returns 1 if the ticket's holder holds a slot, 0 if
+-- it waits in line, 2 if it waits in line because the lease state began less than a TTL ago.
 local ticket = ARGV[1]
 local limit = tonumber(ARGV[2])
 local ttl = tonumber(ARGV[3])
@@ -111,7 +151,11 @@ local holder = string.sub(ticket, (string.find(ticket, '/', 1, true) or 0) + 1)
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 -- Already a holder (a hand-over granted it while the waiter slept, or a retry): refresh, leave the line.
 local held = redis.call('ZSCORE', KEYS[1], holder)
-if not held then
+local refused = 0
+if not held and quiet(KEYS[3], ttl) then
+  -- Queue (keeping the ticket's place) but take nothing: the line is served once the wait is over.
+  refused = 2
+elseif not held then
   local free = limit - redis.call('ZCARD', KEYS[1])
   if free > 0 then
     redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
@@ -134,14 +178,15 @@ if held then
 end
 redis.call('ZADD', KEYS[2], now + ttl, ticket)
 keep_key(KEYS[2], ttl, keep)
-return 0
+return refused
 """
 )
 """Take a slot for the ticket's holder if one is free for it in FIFO order, else queue (or keep) the ticket."""
 
 RELEASE_AND_HAND_OVER = (
     """
--- KEYS[1] = lease zset, KEYS[2] = its waiting line; ARGV = holder, limit, ttl_ms, keep_ms, announce channel.
+-- KEYS[1] = lease zset, KEYS[2] = its waiting line, KEYS[3] = generation; ARGV = holder, limit, ttl_ms, keep_ms,
+-- announce channel.
 -- Returns the tickets whose holders were handed a slot, oldest first. When the channel is not empty, they are
 -- also published on it, comma-separated, so that waiters of other processes hear of it as soon as the
 -- releaser does (not one more hop and round trip later).
@@ -153,6 +198,7 @@ end
 """
     + _NOW
     + _KEEP
+    + _QUIET
     + """
 local limit = tonumber(ARGV[2])
 local ttl = tonumber(ARGV[3])
@@ -160,16 +206,32 @@ local keep = tonumber(ARGV[4])
 redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
-local free = limit - redis.call('ZCARD', KEYS[1])
 local served = {}
+-- A hand-over creates leases: none within a TTL of a loss (the waiters are served by their polls afterwards).
+if quiet(KEYS[3], ttl) then return served end
+local free = limit - redis.call('ZCARD', KEYS[1])
 if free <= 0 then return served end
-local line = redis.call('ZRANGE', KEYS[2], 0, -1)
-table.sort(line)  -- oldest ticket first (fixed-width hex orders: byte order in any locale)
-for _, ticket in ipairs(line) do
+local flat = redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')
+local line = {}
+for i = 1, #flat, 2 do line[#line + 1] = {flat[i], tonumber(flat[i + 1])} end
+-- Oldest ticket first (fixed-width hex orders: byte order in any locale).
+table.sort(line, function(a, b) return a[1] < b[1] end)
+for _, entry in ipairs(line) do
   if free <= 0 then break end
+  local ticket = entry[1]
   local holder = string.sub(ticket, (string.find(ticket, '/', 1, true) or 0) + 1)
-  -- ZADD answers 1 for a new member: a holder granted twice (never expected) takes one slot only.
-  free = free - redis.call('ZADD', KEYS[1], now + ttl, holder)
+  -- The slot lives as long as the ticket would have, not a fresh TTL: the ticket's last renewal is the last sign
+  -- of life of its waiter, which may have died since. A dead waiter's slot then comes back when the waiter's
+  -- own leases do (one TTL after its death), not one TTL after the hand-over.
+  local expiry = math.min(now + ttl, entry[2])
+  local score = redis.call('ZSCORE', KEYS[1], holder)
+  if not score then
+    redis.call('ZADD', KEYS[1], expiry, holder)
+    free = free - 1
+  elseif tonumber(score) < expiry then
+    -- A holder granted twice (never expected) takes one slot only, and its lease is never shortened.
+    redis.call('ZADD', KEYS[1], expiry, holder)
+  end
   redis.call('ZREM', KEYS[2], ticket)
   served[#served + 1] = ticket
 end

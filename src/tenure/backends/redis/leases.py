@@ -6,7 +6,9 @@ See `tenure.backends.redis._scripts` for the key layout and the scripts, and doc
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
+import time
 from collections.abc import Awaitable, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
@@ -22,6 +24,7 @@ from tenure.contracts.errors import LeasesUnavailable
 from tenure.contracts.store import LeaseRef, Leases, line_key
 
 _T = TypeVar("_T")
+log = logging.getLogger("tenure.leases")
 
 
 def _discard(call: Awaitable[object]) -> None:
@@ -42,6 +45,8 @@ class RedisLeases:
 
     Every expiry is computed inside Lua from Redis's `TIME`, never from this process's clock. Each operation
     is one round trip. Driver failures surface as `LeasesUnavailable`, with the redis-py error as the cause.
+    After Redis loses its leases (a FLUSHALL, a restart without persistence) no new lease is granted for one TTL,
+    until every old holder has learnt at a renewal that its lease is gone (see `_scripts`, docs/quotas.md).
 
     Build it from a URL (it then owns a bounded connection pool and `close()` closes it) or wrap a client you
     own with `RedisLeases.from_client`.
@@ -99,6 +104,8 @@ class RedisLeases:
         self._connections = None  # a caller's client: its own pool decides
         self._wait_s = 0.0
         self._prefix = prefix
+        self._generation = _scripts.generation_key(prefix)
+        self._quiet_reported_at = -math.inf
         self._announce_prefix = announce_prefix
         self._owns_client = owns_client
         self._closed = False
@@ -119,16 +126,17 @@ class RedisLeases:
         return self._announce_prefix is not None
 
     async def acquire(self, key: str, holder: str, limit: int, ttl_s: float) -> bool:
-        """Take one of `limit` slots of `key` for `holder` until server now + `ttl_s`. False if all are held.
+        """Take one of `limit` slots of `key` for `holder` until server now + `ttl_s`. False if all are held, or
+        if Redis lost its lease state (or is new) less than `ttl_s` ago: the old holders may still be running.
 
         Acquiring again as a current holder refreshes the expiry and never takes a second slot.
         """
         check_lease_args(limit, ttl_s)
         ttl_ms = _ms(ttl_s)
-        keys = [_scripts.lease_key(self._prefix, key)]
+        keys = [_scripts.lease_key(self._prefix, key), self._generation]
         args: list[str | int] = [holder, limit, ttl_ms, ttl_ms * _scripts.KEY_TTL_FACTOR]
         answer = await self._call(self._acquire(keys=keys, args=args), "acquire", key)
-        return int(answer) == 1
+        return self._granted(int(answer), key, ttl_s)
 
     async def renew(self, held: Sequence[LeaseRef], ttl_s: float) -> list[LeaseRef]:
         """Extend every lease in `held` to server now + `ttl_s`, all keys in one script call.
@@ -141,6 +149,7 @@ class RedisLeases:
         if not held:
             return []
         keys = [_scripts.lease_key(self._prefix, ref.key) for ref in held]
+        keys.append(self._generation)
         args: list[str | int] = [ttl_ms, ttl_ms * _scripts.KEY_TTL_FACTOR]
         args.extend(ref.holder for ref in held)
         lost = await self._call(self._renew(keys=keys, args=args), "renew", f"{len(held)} leases")
@@ -161,20 +170,36 @@ class RedisLeases:
         """Take a slot for the ticket's holder in FIFO order, or queue the ticket in `key`'s line (see `Leases`)."""
         check_lease_args(limit, ttl_s)
         ttl_ms = _ms(ttl_s)
-        keys = [_scripts.lease_key(self._prefix, key), _scripts.lease_key(self._prefix, line_key(key))]
+        keys = [_scripts.lease_key(self._prefix, key), _scripts.lease_key(self._prefix, line_key(key)), self._generation]
         args: list[str | int] = [ticket, limit, ttl_ms, ttl_ms * _scripts.KEY_TTL_FACTOR]
         answer = await self._call(self._acquire_in_line(keys=keys, args=args), "acquire", key)
-        return int(answer) == 1
+        return self._granted(int(answer), key, ttl_s)
 
     async def release_and_hand_over(self, key: str, holder: str, limit: int, ttl_s: float) -> list[str]:
         """Release `holder`'s slot and hand the free slots to the oldest tickets of the line (see `Leases`)."""
         check_lease_args(limit, ttl_s)
         ttl_ms = _ms(ttl_s)
-        keys = [_scripts.lease_key(self._prefix, key), _scripts.lease_key(self._prefix, line_key(key))]
+        keys = [_scripts.lease_key(self._prefix, key), _scripts.lease_key(self._prefix, line_key(key)), self._generation]
         announce = "" if self._announce_prefix is None else self._announce_prefix + key
         args: list[str | int] = [holder, limit, ttl_ms, ttl_ms * _scripts.KEY_TTL_FACTOR, announce]
         served = await self._call(self._release_and_hand_over(keys=keys, args=args), "release", key)
         return [t.decode() if isinstance(t, bytes) else str(t) for t in served]
+
+    def _granted(self, answer: int, key: str, ttl_s: float) -> bool:
+        """Turn a script's answer into the protocol's bool, saying once per TTL why slots are being refused after
+        Redis lost its lease state (an operator sees quotas stall for a TTL and should know why)."""
+        if answer == _scripts.REFUSED_QUIET:
+            now = time.monotonic()
+            if now - self._quiet_reported_at >= ttl_s:
+                self._quiet_reported_at = now
+                log.warning(
+                    "Redis has no lease state under %r (restarted without persistence, flushed, or new): no new "
+                    "lease of %s or any key for %g s, until every earlier holder has learnt its lease is gone",
+                    self._prefix,
+                    key,
+                    ttl_s,
+                )
+        return answer == 1
 
     async def ping(self) -> None:
         """Check that Redis answers; raise `LeasesUnavailable` if it does not."""

@@ -101,11 +101,13 @@ class SqliteLeases:
             free = limit - db.execute(Q["lease_count"], (key,)).fetchone()["n"]
             if free <= 0:
                 return []
-            served = [r["holder"] for r in db.execute(Q["lease_line_oldest"], (line, free)).fetchall()]
-            for ticket in served:
-                db.execute(Q["lease_upsert"], (key, ticket_holder(ticket), ttl_s))
-                db.execute(Q["lease_release"], (line, ticket))
-            return served
+            served = db.execute(Q["lease_line_oldest"], (line, free)).fetchall()
+            for r in served:
+                # Until the ticket's own expiry, not a fresh TTL: the waiter may have died since its last renewal
+                # (see RELEASE_AND_HAND_OVER in backends/redis/_scripts.py).
+                db.execute(Q["lease_hand_over"], (key, ticket_holder(r["holder"]), ttl_s, r["expires_at"]))
+                db.execute(Q["lease_release"], (line, r["holder"]))
+            return [r["holder"] for r in served]
 
         return await self._lease_run(lambda: self._conn.tx(fn), "lease release")
 

@@ -227,13 +227,18 @@ DELETE FROM leases WHERE key = ? AND holder = ?
 SELECT count(*) AS n FROM leases WHERE key = ?1 AND holder < ?2 AND expires_at > {now}
 
 -- name: lease_upsert --
--- Take or refresh a lease whether or not it is held: a ticket joining its line, a slot handed over.
+-- Take or refresh a lease whether or not it is held: a ticket joining its line or keeping its place.
 INSERT INTO leases (key, holder, expires_at) VALUES (?1, ?2, {now} + ?3)
 ON CONFLICT (key, holder) DO UPDATE SET expires_at = excluded.expires_at
 
 -- name: lease_line_oldest --
--- The oldest unexpired tickets of a waiting line, at most the given number.
-SELECT holder FROM leases WHERE key = ?1 AND expires_at > {now} ORDER BY holder LIMIT ?2
+-- The oldest unexpired tickets of a waiting line with their expiries, at most the given number.
+SELECT holder, expires_at FROM leases WHERE key = ?1 AND expires_at > {now} ORDER BY holder LIMIT ?2
+
+-- name: lease_hand_over --
+-- Give a served ticket's holder a slot until the ticket's own expiry (at most now + TTL); never shortens a lease.
+INSERT INTO leases (key, holder, expires_at) VALUES (?1, ?2, min({now} + ?3, ?4))
+ON CONFLICT (key, holder) DO UPDATE SET expires_at = max(expires_at, excluded.expires_at)
 
 -- name: lease_holders --
 -- Unexpired holders of a key, soonest expiry first.

@@ -1,0 +1,57 @@
+"""How one worker process behaves: `WorkerConfig`. docs/configuration.md lists the matching TENURE_* variables."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tenure.contracts.errors import ConfigError
+
+CLAIM_MODES = ("one_step", "two_step")
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerConfig:
+    """How one worker process behaves. See docs/configuration.md for the matching TENURE_* variables."""
+
+    concurrency: int = 10
+    heartbeat_s: float = 5.0
+    claim_ttl_s: float = 15.0
+    sweep_interval_s: float = 1.0
+    drain_timeout_s: float = 30.0
+    poll_s: float = 1.0
+    capabilities: tuple[str, ...] = ()
+    event_buffer: int = 1000
+    blocking_max_in_flight: int = 32
+    blocking_max_queued: int = 1000
+    blocking_queue_timeout_s: float = 60.0
+    retry_base_s: float = 1.0
+    retry_cap_s: float = 300.0
+    # The writer waits this long before a round trip nobody is waiting on (finishes, unflushed events), so
+    # that more of them share its commit. 0 writes at once.
+    write_linger_s: float = 0.003
+    # Observability (docs/observability.md): the lag sampler, its stall log, and lag-aware liveness.
+    lag_interval_s: float = 0.05
+    stall_threshold_s: float = 0.25
+    degraded_lag_s: float = 0.5
+    degraded_for_s: float = 2.0
+    # `one_step`: the claim CAS and the start CAS in one round trip and one commit (the default: no claimed but
+    # unstarted state to release or recover). `two_step`: claim, then start, in two round trips, as a worker
+    # does for agents with a worker quota (a slot is taken per claim) and on a PostgreSQL role without the
+    # TEMP privilege; it is also the path whose pre-start window the crash tests and the demo exercise.
+    claim_mode: str = "one_step"
+    # A stopped handler (ownership lost, cancelled, timed out, drained) gets this long to end before it is
+    # abandoned: it keeps its slot until it does end (fail closed), and its execution writes nothing more.
+    cancel_grace_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        # The same rule as settings.py, for workers built from Python: a heartbeat that is late once (a
+        # busy loop, a slow round trip) must not cost the claims. The tolerance absorbs 3 * 0.1 != 0.3.
+        if self.claim_ttl_s < 3 * self.heartbeat_s - 1e-9:
+            raise ConfigError(f"claim_ttl_s ({self.claim_ttl_s:g}) must be at least 3 heartbeats (3 x {self.heartbeat_s:g})")
+        if self.claim_mode not in CLAIM_MODES:
+            raise ConfigError(f"claim_mode must be one of {', '.join(CLAIM_MODES)}, not {self.claim_mode!r}")
+
+    @property
+    def worker_ttl_s(self) -> float:
+        """A worker silent this long is marked gone in the registry."""
+        return self.claim_ttl_s * 2

@@ -1,0 +1,131 @@
+"""The heartbeat and the control fast path of one worker.
+
+heartbeat   one round trip per interval renews every held claim and reports the worker's state; its reply
+            says which claims are no longer this worker's and which jobs have a cancel request. Sent from
+            the loop, never from a thread, so a frozen loop cannot fake being alive; it measures how late the
+            loop let it go. No renewal for a whole claim TTL: others may own these jobs now, so the worker
+            stops them all itself (self-fencing).
+quotas      the heartbeat's quota half, on the same interval but its own task, so that a slow store round
+            trip never delays the renewal of quota leases (one renewed late is lost, its slot handed on).
+control     cancel requests and commands as soon as the store hints at them (NOTIFY, a doorbell, Redis);
+            the heartbeat reply stays the floor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from tenure.contracts.errors import StoreUnavailable
+from tenure.contracts.store import Signals, Store
+from tenure.control.quotas import QuotaManager
+from tenure.worker.config import WorkerConfig
+from tenure.worker.health import Health
+from tenure.worker.held import Held
+from tenure.worker.observe import WorkerObserver
+
+log = logging.getLogger("tenure.worker")
+
+
+class Heartbeat:
+    """The heartbeat, quota-renewal and control loops of one worker (children of its task group)."""
+
+    def __init__(self, store: Store, signals: Signals, worker_id: str, config: WorkerConfig, held: Held,
+                 health: Health, observer: WorkerObserver, quotas: QuotaManager | None) -> None:  # fmt: skip
+        self._store = store
+        self._signals = signals
+        self._worker_id = worker_id
+        self._config = config
+        self._held = held
+        self._health = health
+        self._obs = observer
+        self._quotas = quotas
+        self._last_renewed = time.monotonic()
+
+    async def run(self) -> None:
+        cfg = self._config
+        loop = asyncio.get_running_loop()
+        while True:
+            due = loop.time() + cfg.heartbeat_s
+            await asyncio.sleep(cfg.heartbeat_s)
+            self._obs.heartbeat_sent(max(0.0, loop.time() - due), len(self._held))
+            await self.beat()
+
+    async def beat(self) -> None:
+        """One heartbeat round trip: renew every held claim, learn of losses and cancel requests."""
+        cfg, held = self._config, self._held
+        state = self._health.check()
+        fences = held.fences()
+        sent = time.monotonic()
+        try:
+            reply = await self._store.heartbeat(self._worker_id, state, len(held.running), fences, cfg.claim_ttl_s)
+        except StoreUnavailable as exc:
+            log.warning("heartbeat failed: %s", exc)
+            if time.monotonic() - self._last_renewed > cfg.claim_ttl_s:
+                # No renewal for a whole TTL: others may already own our jobs. Stop everything (self-fencing).
+                for f in fences:
+                    held.lose(f.job_id)
+            return
+        self._last_renewed = sent
+        for f in reply.lost(fences):
+            if held.holds(f):
+                held.lose(f.job_id)
+        for job_id in reply.cancel_requested:
+            held.cancel(job_id)
+
+    async def run_quotas(self) -> None:
+        """Renew every quota lease of this process in one round trip per interval (a lost one cancels its
+        holding block), and export the quota gauges; the quota manager's own wake-ups run beside it."""
+        quotas = self._quotas
+        if quotas is None:
+            return
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(quotas.run(), name="quota-listener")
+            tg.create_task(self._renew_quotas(quotas), name="quota-heartbeat")
+
+    async def _renew_quotas(self, quotas: QuotaManager) -> None:
+        while True:
+            await asyncio.sleep(self._config.heartbeat_s)
+            await quotas.renew()
+            await self._export_quotas(quotas)
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                # A cancellation absorbed by the Redis driver mid-renewal must still stop this loop.
+                raise asyncio.CancelledError
+
+    async def _export_quotas(self, quotas: QuotaManager) -> None:
+        """tenure_quota_in_use / _limit / _rejected_total / _fail_open_total for every configured quota (one
+        read per key)."""
+        in_use: dict[str, int] = {}
+        for key in quotas.specs:
+            try:
+                in_use[key] = len(await quotas.leases.holders(key))
+            except StoreUnavailable:  # LeasesUnavailable too: the gauge keeps its last value
+                continue
+        self._obs.quotas_seen(
+            in_use, {k: spec.limit for k, spec in quotas.specs.items()}, quotas.rejections, quotas.fail_open_admitted
+        )
+
+    async def run_control(self) -> None:
+        """Act on cancel requests and new commands as soon as the store hints at them."""
+        held, poll_s = self._held, self._config.poll_s
+        while True:
+            try:
+                hint = await self._signals.wait_for_control(poll_s)
+                if hint is not None and not hint:
+                    continue
+                ids = [j for j in held.running if hint is None or j in hint]
+                if not ids:
+                    continue
+                cancels, seqs = await self._store.control_state(ids)
+            except StoreUnavailable as exc:
+                log.warning("control hints unavailable, heartbeats deliver commands meanwhile: %s", exc)
+                await asyncio.sleep(poll_s)
+                continue
+            for job_id in cancels:
+                held.cancel(job_id)
+            for job_id, seq in seqs.items():
+                execution = held.running.get(job_id)
+                if execution is not None and seq > execution.command_seq:
+                    execution.commands_ready.set()
