@@ -22,11 +22,12 @@ from pathlib import Path
 
 import pytest
 
-from tenure.app import LocalClient, connect
+from tenure.app import LocalClient, connect, open_backends
 from tenure.backends.redis import RedisLeases
 from tenure.contracts.states import JobState
 from tenure.contracts.store import Leases, line_key, ticket_holder
 from tenure.control.admission import JobRequest
+from tenure.settings import Settings
 from tests.conftest import drop_pg_schema, new_pg_schema, pg_url
 from tests.integration.mockmodel import start_mock_model, stop_process
 from tests.integration.procs import WorkerProc, eventually
@@ -93,6 +94,16 @@ async def lease_backend(backend: str, tmp_path: Path) -> AsyncIterator[tuple[str
         await drop_pg_schema(schema)
 
 
+@asynccontextmanager
+async def store_leases(database_url: str) -> AsyncIterator[Leases]:
+    """The store's own leases table, as a process's `Backends` reads it."""
+    backends = await open_backends(Settings(database_url=database_url), migrate=False)
+    try:
+        yield backends.leases
+    finally:
+        await backends.close()
+
+
 def _execution(holder: str) -> str:
     return holder.rsplit(":", 1)[0]
 
@@ -111,8 +122,8 @@ async def test_slots_of_a_sigkilled_worker_are_taken_up_within_ttl_plus_a_heartb
         }
         fleet = Fleet(database_url, tmp_path, env, [])
         tries: list[tuple[float, list[str]]] = []
-        async with connect("tenure.examples:app", database_url) as client:
-            leases: Leases = redis_leases or client.store  # type: ignore[assignment]
+        async with connect("tenure.examples:app", database_url) as client, store_leases(database_url) as own:
+            leases: Leases = redis_leases or own
             await client.submit_many([JobRequest("chat", {"prompt": f"job {i}", "max_tokens": 8}) for i in range(600)])
             live = [fleet.spawn() for _ in range(3)]
             try:
