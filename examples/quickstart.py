@@ -47,14 +47,14 @@ async def main() -> None:
     running = asyncio.create_task(worker.run(stop))
     try:
         async with tenure.connect(app, url) as client:
-            ids = [
+            admitted = [
                 await client.submit("greet", {"name": "Tenure"}, idempotency_key="quickstart-greet"),
                 await client.submit("unreliable", {}),
             ]
-            for job_id in ids:
-                job = await client.wait(job_id, timeout_s=30)
+            for submitted in admitted:
+                job = await client.wait(submitted, timeout_s=30)
                 print(f"{job.agent:10} {job.state.value:9} attempts={job.attempts} result={job.result}")
-                for event in await client.events(job_id):
+                for event in await client.events(job):
                     print(f"    {event.cursor:>5} {event.type:20} {event.payload}")
     finally:
         stop.set()

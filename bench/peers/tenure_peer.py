@@ -36,6 +36,9 @@ from tenure.settings import Settings
 
 AGENT = "pb_job"
 SCHEMA = "pb_tenure"
+# A backlog is over the default cap on waiting jobs (TENURE_MAX_QUEUED, 500), which tenure.connect meets like the
+# gateway (one admission door): the bench lifts it for its own backlogs.
+BACKLOG_CAP = 10**9
 SQLITE_PATH = Path(os.environ.get("PB_TENURE_SQLITE", "/tmp/peersbench-tenure.db"))
 CHUNK = 1000
 
@@ -71,7 +74,7 @@ class Driver(BaseDriver):
         return {}
 
     def settings(self) -> Settings:
-        return Settings(database_url=self.database_url())
+        return Settings(database_url=self.database_url(), max_queued=BACKLOG_CAP, max_queued_per_tenant=BACKLOG_CAP)
 
     def reset(self) -> None:
         import psycopg
@@ -191,7 +194,12 @@ class SqliteDriver(Driver):
 
     def settings(self) -> Settings:
         # The enqueuer opens the store with the same durability the workers use.
-        return Settings(database_url=self.database_url(), sqlite_synchronous=self.synchronous)
+        return Settings(
+            database_url=self.database_url(),
+            sqlite_synchronous=self.synchronous,
+            max_queued=BACKLOG_CAP,
+            max_queued_per_tenant=BACKLOG_CAP,
+        )
 
 
 class SqliteNormalDriver(SqliteDriver):

@@ -31,13 +31,17 @@ from tenure.contracts.errors import (
 )
 from tenure.contracts.states import JobState, WorkerState
 from tenure.contracts.types import Event, Job
-from tenure.control.admission import JobRequest
+from tenure.control.admission import Admitted, JobRequest
+from tenure.control.gate import CircuitOpen, QueueFull
+from tenure.control.jobs import JobsClient
 from tenure.kernel.context import Context
 from tenure.kernel.registry import Tenure
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Admitted",
+    "CircuitOpen",
     "ConfigError",
     "Context",
     "Event",
@@ -49,11 +53,13 @@ __all__ = [
     "JobCancelled",
     "JobRequest",
     "JobState",
+    "JobsClient",
     "LeaseLost",
     "LocalClient",
     "NotFound",
     "OwnershipLost",
     "PermanentError",
+    "QueueFull",
     "QuotaExhausted",
     "QuotaUnavailable",
     "RetryableError",

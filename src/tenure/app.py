@@ -3,8 +3,8 @@
 `connect()` is the Python API for submitting and inspecting jobs directly against the store:
 
     async with tenure.connect(app, "postgresql://...") as client:
-        job_id = await client.submit("summarize", {"text": "..."}, idempotency_key="req-42")
-        job = await client.wait(job_id)
+        admitted = await client.submit("summarize", {"text": "..."}, idempotency_key="req-42")
+        job = await client.wait(admitted.job)
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import socket
 import sys
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tenure.backends.after_commit import AfterCommit
 from tenure.backends.postgres import PostgresChannel, PostgresLeases, PostgresSignals, PostgresStore
@@ -28,8 +28,10 @@ from tenure.contracts.channel import Channel
 from tenure.contracts.errors import ConfigError, NotFound
 from tenure.contracts.states import JobState
 from tenure.contracts.store import Backends, JobStore, Leases, Signals
-from tenure.contracts.types import Event, Job, JobFilter, WorkerInfo, parse_cursor
-from tenure.control.admission import Admission, AdmissionLimits, JobRequest
+from tenure.contracts.types import DEFAULT_TENANT, ControlOutcome, Event, Job, JobFilter, WorkerInfo, parse_cursor
+from tenure.control.admission import Admission, AdmissionLimits, Admitted, JobRequest
+from tenure.control.gate import GateConfig
+from tenure.control.jobs import JobRef, JobsClient, JobsService, ref_id
 from tenure.control.quotas import QuotaManager, quota_topic
 from tenure.kernel.registry import Tenure
 from tenure.settings import Settings, load_quota_file
@@ -95,11 +97,13 @@ async def open_backends(settings: Settings, *, migrate: bool = True) -> Backends
 
 
 class LocalClient:
-    """Submit and inspect jobs directly against the store (no gateway in between)."""
+    """Submit and inspect jobs directly against the store (no gateway in between), through the same admission
+    door as the gateway (caps and circuits included). A `JobsClient`: `tenure.client.Client` answers alike."""
 
     def __init__(self, store: JobStore, admission: Admission) -> None:
         self.store = store
         self.admission = admission
+        self.service = JobsService(store, admission)
 
     async def submit(
         self,
@@ -111,44 +115,63 @@ class LocalClient:
         requires: Sequence[str] = (),
         deadline_s: float | None = None,
         max_attempts: int | None = None,
-        tenant: str = "default",
-    ) -> str:
-        """Admit one job and return its id (the original job's id when the idempotency key was seen)."""
+        tenant: str = DEFAULT_TENANT,
+    ) -> Admitted:
+        """Admit one job: the job as admitted (the original one when the idempotency key was seen, `created`
+        False). Over a queue cap raises `QueueFull`, while the agent's circuit is open `CircuitOpen`."""
         req = JobRequest(agent, input, priority, requires, deadline_s, max_attempts, idempotency_key, tenant)
-        return (await self.admission.submit(req)).job_id
+        return await self.service.submit(req)
 
     async def submit_many(self, requests: Sequence[JobRequest]) -> list[str]:
-        """Admit a batch in one round trip; all are validated before any is written."""
-        return [e.job_id for e in await self.admission.submit_many(requests)]
+        """Admit a batch in one round trip and return the job ids; all are validated, and the caps checked for
+        the whole batch, before any is written."""
+        return [a.job.id for a in await self.service.submit_many(requests)]
 
-    async def job(self, job_id: str, tenant: str | None = None) -> Job:
-        job = await self.store.get_job(_job_id(job_id), tenant)
-        if job is None:
-            raise NotFound(f"no job {job_id}")
-        return job
+    async def job(self, job_id: JobRef, tenant: str | None = None) -> Job:
+        """One job, or `NotFound`."""
+        return await self.service.job(ref_id(job_id), tenant)
 
     async def jobs(
         self,
         *,
-        state: JobState | None = None,
+        state: JobState | str | None = None,
         agent: str | None = None,
         limit: int = 50,
+        cursor: str | None = None,
         before: str | None = None,
         tenant: str | None = None,
     ) -> list[Job]:
-        return await self.store.list_jobs(JobFilter(tenant, state, agent, before, limit))
+        """Jobs, newest first; `cursor` (or its older name `before`) is the id of the last job of the previous
+        page."""
+        state = JobState(state) if isinstance(state, str) else state
+        return await self.service.jobs(JobFilter(tenant, state, agent, cursor or before, limit))
 
-    async def events(self, job_id: str, after: str | None = None, limit: int = 1000) -> list[Event]:
-        await self.job(job_id)
-        return await self.store.read_events(_job_id(job_id), parse_cursor(after) if after else None, limit)
+    async def events(self, job_id: JobRef, after: str | None = None, limit: int = 1000) -> list[Event]:
+        """One page of the job's history after the cursor `after` (`EPOCH-SEQ`)."""
+        return await self.service.events(ref_id(job_id), None, parse_cursor(after) if after else None, limit)
 
-    async def requeue(self, job_id: str) -> Job:
-        return await self.store.requeue(_job_id(job_id))
+    async def cancel(self, job_id: JobRef, *, wait: float | None = None) -> ControlOutcome:
+        """Cancel: `requested`, `accepted` or `already_finished` (`NotFound` for no such job)."""
+        return _known(job_id, await self.service.cancel(ref_id(job_id), None, wait or 0.0))
+
+    async def send_input(self, job_id: JobRef, input: Any) -> ControlOutcome:
+        """Persist an input for the job's `ctx.next_input()` (`NotFound` for no such job)."""
+        return _known(job_id, await self.service.send_input(ref_id(job_id), {"input": input}))
+
+    async def approve(self, job_id: JobRef, approved: bool = True, comment: str | None = None) -> ControlOutcome:
+        """Persist an approval for the job's `ctx.approval(prompt)` (`NotFound` for no such job)."""
+        body = {"approved": approved, "comment": comment}
+        return _known(job_id, await self.service.approve(ref_id(job_id), body))
+
+    async def requeue(self, job_id: JobRef) -> Job:
+        """Put a finished job back in the queue (an operator's command)."""
+        return await self.service.requeue(ref_id(job_id))
 
     async def workers(self, include_gone: bool = False) -> list[WorkerInfo]:
-        return await self.store.list_workers(include_gone)
+        """The registry."""
+        return await self.service.workers(include_gone)
 
-    async def wait(self, job_id: str, timeout_s: float | None = None, poll_s: float = 0.05) -> Job:
+    async def wait(self, job_id: JobRef, timeout_s: float | None = None, poll_s: float = 0.05) -> Job:
         """Poll until the job reaches a terminal state (or raise TimeoutError)."""
         async with asyncio.timeout(timeout_s):
             while True:
@@ -158,30 +181,51 @@ class LocalClient:
                 await asyncio.sleep(poll_s)
 
 
-def _job_id(text: str) -> str:
-    import uuid
+if TYPE_CHECKING:  # mypy holds LocalClient to the one client shape
 
-    try:
-        return str(uuid.UUID(text))
-    except (ValueError, AttributeError, TypeError):
-        raise NotFound(f"no job {text!r} (job ids are UUIDs)") from None
+    def _is_a_jobs_client(client: LocalClient) -> JobsClient:
+        return client
+
+
+def _known(job_id: JobRef, outcome: ControlOutcome) -> ControlOutcome:
+    if outcome is ControlOutcome.UNKNOWN:
+        raise NotFound(f"no job {ref_id(job_id)}")
+    return outcome
+
+
+def admission_limits(settings: Settings) -> AdmissionLimits:
+    """The admission's bounds, from the process settings."""
+    return AdmissionLimits(max_input_bytes=settings.max_input_bytes, default_deadline_s=settings.default_deadline_s)
+
+
+def gate_config(settings: Settings) -> GateConfig:
+    """The caps and circuit breakers every admission is held to, from the process settings."""
+    return GateConfig(
+        max_queued=settings.max_queued,
+        max_queued_per_tenant=settings.max_queued_per_tenant,
+        breaker_threshold=settings.breaker_threshold,
+        breaker_window_s=settings.breaker_window_s,
+        breaker_open_s=settings.breaker_open_s,
+    )
 
 
 @asynccontextmanager
 async def connect(
     app: Tenure | str | None = None, database_url: str | None = None, settings: Settings | None = None
 ) -> AsyncIterator[LocalClient]:
-    """Open a `LocalClient` on the configured store. `app` (or `TENURE_APP`) defines the admissible agents."""
+    """Open a `LocalClient` on the configured store. `app` (or `TENURE_APP`) defines the admissible agents; the
+    caps and circuit breakers are those of the settings (`TENURE_MAX_QUEUED`, `TENURE_BREAKER_*`), as at the
+    gateway."""
     settings = settings or Settings.from_env()
     if database_url is not None:
         settings = settings.replace(database_url=database_url)
     if app is None or isinstance(app, str):
         app = load_app(app or settings.app)
     backends = await open_backends(settings)
-    limits = AdmissionLimits(max_input_bytes=settings.max_input_bytes, default_deadline_s=settings.default_deadline_s)
     ready = open_ready_index(settings)
     try:
-        yield LocalClient(backends.jobs, Admission(backends.jobs, app.specs(), limits, ready_index=ready))
+        admission = Admission(backends.jobs, app.specs(), admission_limits(settings), ready, gate=gate_config(settings))
+        yield LocalClient(backends.jobs, admission)
     finally:
         if ready is not None:
             await ready.close()
@@ -194,19 +238,9 @@ _LOOPBACK = ("127.", "::1", "localhost")
 
 def gateway_config(settings: Settings) -> Any:
     """The gateway's settings, from the process settings."""
-    from tenure.control.gate import GateConfig
     from tenure.gateway.app import GatewayConfig
 
-    return GatewayConfig(
-        limits=AdmissionLimits(max_input_bytes=settings.max_input_bytes, default_deadline_s=settings.default_deadline_s),
-        gate=GateConfig(
-            max_queued=settings.max_queued,
-            max_queued_per_tenant=settings.max_queued_per_tenant,
-            breaker_threshold=settings.breaker_threshold,
-            breaker_window_s=settings.breaker_window_s,
-            breaker_open_s=settings.breaker_open_s,
-        ),
-    )
+    return GatewayConfig(limits=admission_limits(settings), gate=gate_config(settings))
 
 
 async def serve_gateway(settings: Settings, host: str, port: int, *, inline: bool = False) -> None:

@@ -13,16 +13,19 @@ import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tenure.app import LocalClient, connect, load_app, open_backends, open_quotas, open_ready_index, worker_config
 from tenure.contracts.errors import ConfigError, InvalidRequest, NotFound, TenureError
 from tenure.contracts.states import JobState
 from tenure.contracts.store import JobStore
-from tenure.contracts.types import Job
+from tenure.contracts.types import Event, Job
 from tenure.control.admission import parse_json
 from tenure.observability.logs import set_process_log_fields, setup_logging
 from tenure.settings import Settings
+
+if TYPE_CHECKING:
+    from tenure.client import Client
 
 log = logging.getLogger("tenure.cli")
 
@@ -207,7 +210,8 @@ async def cmd_submit(args: argparse.Namespace) -> int:
         raise ConfigError("--follow streams from a gateway: give --url or TENURE_URL (or use --wait)")
 
     async def go(client: LocalClient) -> int:
-        job_id = await client.submit(
+        # The one admission door: a local submit is held to the caps and circuits (TENURE_MAX_QUEUED, ...) too.
+        admitted = await client.submit(
             args.agent,
             payload,
             idempotency_key=args.idempotency_key,
@@ -216,6 +220,7 @@ async def cmd_submit(args: argparse.Namespace) -> int:
             deadline_s=args.deadline_s,
             max_attempts=args.max_attempts,
         )
+        job_id = admitted.job.id
         if not args.wait:
             _out(args, {"id": job_id}, lambda: print(job_id))
             return 0
@@ -336,22 +341,22 @@ def _gateway_url(args: argparse.Namespace) -> str | None:
     return getattr(args, "url", None) or Settings.from_env().url
 
 
-def _client(url: str) -> Any:
+def _client(url: str) -> Client:
     from tenure.client import Client
 
     return Client(url)
 
 
-def _print_event(e: dict[str, Any]) -> None:
-    print(f"{e['id']:>8}  {_ts(e.get('ts'))}  {e['type']:20}  {json.dumps(e.get('payload'))}", flush=True)
+def _print_event(e: Event) -> None:
+    print(f"{e.cursor:>8}  {_ts(e.ts)}  {e.type:20}  {json.dumps(e.payload)}", flush=True)
 
 
-async def _follow(client: Any, job_id: str, after: str | None, as_json: bool) -> str | None:
+async def _follow(client: Client, job_id: str, after: str | None, as_json: bool) -> str | None:
     last_type = None
     async for e in client.stream(job_id, after):
-        last_type = e["type"]
+        last_type = e.type
         if as_json:
-            print(json.dumps(e), flush=True)
+            print(json.dumps(e.to_dict()), flush=True)
         else:
             _print_event(e)
     return last_type
@@ -359,7 +364,7 @@ async def _follow(client: Any, job_id: str, after: str | None, as_json: bool) ->
 
 async def _submit_via_gateway(args: argparse.Namespace, url: str, payload: Any) -> int:
     async with _client(url) as client:
-        job = await client.submit(
+        admitted = await client.submit(
             args.agent,
             payload,
             idempotency_key=args.idempotency_key,
@@ -368,16 +373,17 @@ async def _submit_via_gateway(args: argparse.Namespace, url: str, payload: Any) 
             deadline_s=args.deadline_s,
             max_attempts=args.max_attempts,
         )
+        job_id = admitted.job.id
         if args.follow:
             if not args.json:
-                print(f"job {job['id']} ({'new' if job['_created'] else 'existing, same idempotency key'})", flush=True)
-            last = await _follow(client, job["id"], None, args.json)
+                print(f"job {job_id} ({'new' if admitted.created else 'existing, same idempotency key'})", flush=True)
+            last = await _follow(client, job_id, None, args.json)
             return 0 if last == "job.succeeded" else 1
         if args.wait:
-            job = await client.wait(job["id"], args.timeout)
-            _out(args, job, lambda: print(json.dumps(job, indent=2)))
-            return 0 if job["state"] == "succeeded" else 1
-        _out(args, {"id": job["id"]}, lambda: print(job["id"]))
+            job = await client.wait(job_id, args.timeout)
+            _out(args, job.to_dict(), lambda: print(json.dumps(job.to_dict(), indent=2)))
+            return 0 if job.state is JobState.SUCCEEDED else 1
+        _out(args, {"id": job_id}, lambda: print(job_id))
         return 0
 
 
@@ -396,7 +402,7 @@ async def cmd_tail(args: argparse.Namespace) -> int:
                 if args.json:
                     print(json.dumps(e.to_dict()), flush=True)
                 else:
-                    _print_event(e.to_dict())
+                    _print_event(e)
                 after, last = e.cursor, e.type
             if not events:
                 job = await client.job(args.id)
@@ -409,6 +415,7 @@ async def cmd_tail(args: argparse.Namespace) -> int:
 
 async def cmd_cancel(args: argparse.Namespace) -> int:
     url = _gateway_url(args)
+    outcome: str
     if url is not None:
         from tenure.client import GatewayError
 
@@ -420,17 +427,11 @@ async def cmd_cancel(args: argparse.Namespace) -> int:
                     raise
                 outcome = "unknown"
     else:
-
-        async def go(client: LocalClient) -> str:
-            from tenure.app import _job_id
-
-            try:
-                return (await client.store.cancel(_job_id(args.id))).value
-            except NotFound:
-                return "unknown"
-
         async with connect(settings=_settings(args)) as local:
-            outcome = await go(local)
+            try:
+                outcome = await local.cancel(args.id, wait=args.wait)
+            except NotFound:
+                outcome = "unknown"
     _out(args, {"id": args.id, "outcome": outcome}, lambda: print(outcome))
     return 1 if outcome == "unknown" else 0
 
@@ -438,15 +439,16 @@ async def cmd_cancel(args: argparse.Namespace) -> int:
 async def cmd_approve(args: argparse.Namespace) -> int:
     approved = not args.reject
     url = _gateway_url(args)
+    outcome: str
     if url is not None:
         async with _client(url) as client:
             outcome = await client.approve(args.id, approved, args.comment)
     else:
         async with connect(settings=_settings(args)) as local:
-            from tenure.app import _job_id
-
-            payload = json.dumps({"approved": approved, "comment": args.comment})
-            outcome = (await local.store.send_command(_job_id(args.id), None, "approve", payload)).value
+            try:
+                outcome = await local.approve(args.id, approved, args.comment)
+            except NotFound:
+                outcome = "unknown"
     _out(args, {"id": args.id, "outcome": outcome}, lambda: print(outcome))
     return 0 if outcome in ("requested", "accepted") else 1
 

@@ -1,10 +1,13 @@
 """`tenure.client.Client`: the async Python client of the gateway's HTTP API (httpx).
 
     async with Client("http://127.0.0.1:8000", api_key="...") as c:
-        job = await c.submit("echo", {"hello": 1}, idempotency_key="req-42")
-        async for event in c.stream(job["id"]):          # SSE; resumes from the last id after a disconnect
-            print(event["type"], event["payload"])
+        admitted = await c.submit("echo", {"hello": 1}, idempotency_key="req-42")
+        async for event in c.stream(admitted.job):        # SSE; resumes from the last id after a disconnect
+            print(event.type, event.payload)
 
+It is a `JobsClient` (control/jobs.py), like `tenure.connect`'s `LocalClient`: both answer with the same types
+(`Admitted`, `Job`, `Event`, `ControlOutcome`), so code runs against the gateway or the store unchanged. The
+answers are read from JSON by the models that the gateway's OpenAPI document is derived from (control/models.py).
 Errors come back as `GatewayError` with the HTTP status and the problem body (`type`, `title`, `detail`).
 """
 
@@ -13,16 +16,20 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
 from tenure.contracts.errors import InvalidRequest, TenureError
-from tenure.control.admission import MAX_JSON_DEPTH
+from tenure.contracts.states import JobState
+from tenure.contracts.types import ControlOutcome, Event, Job
+from tenure.control.admission import MAX_JSON_DEPTH, Admitted
+from tenure.control.jobs import JobRef, JobsClient, ref_id
+from tenure.control.models import event_from_wire, job_from_wire
 
 TERMINAL_EVENTS = frozenset({"job.succeeded", "job.failed", "job.cancelled", "job.lost", "job.expired", "job.dead"})
-TERMINAL_STATES = frozenset({"succeeded", "failed", "cancelled", "lost", "expired", "dead"})
+TERMINAL_STATES = frozenset(s.value for s in JobState if s.terminal)
 
 
 class GatewayError(TenureError):
@@ -59,6 +66,7 @@ class Client:
         await self.aclose()
 
     async def aclose(self) -> None:
+        """Close the HTTP connections."""
         await self._http.aclose()
 
     async def _post_json(self, path: str, body: Any, headers: dict[str, str] | None = None) -> httpx.Response:
@@ -84,15 +92,15 @@ class Client:
         *,
         idempotency_key: str | None = None,
         priority: int | None = None,
-        requires: list[str] | None = None,
+        requires: Sequence[str] | None = None,
         deadline_s: float | None = None,
         max_attempts: int | None = None,
-    ) -> dict[str, Any]:
-        """Admit a job; returns the job (the original one when the idempotency key was seen)."""
+    ) -> Admitted:
+        """Admit a job: the job (the original one when the idempotency key was seen: `created` is False)."""
         body: dict[str, Any] = {"agent": agent, "input": input}
         for k, v in (
             ("priority", priority),
-            ("requires", requires),
+            ("requires", list(requires) if requires else None),
             ("deadline_s", deadline_s),
             ("max_attempts", max_attempts),
         ):
@@ -100,73 +108,73 @@ class Client:
                 body[k] = v
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
         r = await self._post_json("/v1/jobs", body, headers)
-        job: dict[str, Any] = r.json()
-        job["_created"] = r.status_code == 201
-        return job
+        return Admitted(job_from_wire(r.json()), r.status_code == 201)
 
-    async def job(self, job_id: str) -> dict[str, Any]:
-        r = await self._call("GET", f"/v1/jobs/{job_id}")
-        out: dict[str, Any] = r.json()
-        return out
+    async def job(self, job_id: JobRef) -> Job:
+        """One job (`GatewayError` 404 for no such job, or another tenant's)."""
+        return job_from_wire((await self._call("GET", f"/v1/jobs/{ref_id(job_id)}")).json())
 
     async def jobs(
         self,
         *,
-        state: str | None = None,
+        state: JobState | str | None = None,
         agent: str | None = None,
         limit: int = 50,
         cursor: str | None = None,
-    ) -> dict[str, Any]:
-        params = {k: v for k, v in (("state", state), ("agent", agent), ("limit", limit), ("cursor", cursor)) if v}
-        out: dict[str, Any] = (await self._call("GET", "/v1/jobs", params=params)).json()
-        return out
+    ) -> list[Job]:
+        """The caller's jobs, newest first; `cursor` is the id of the last job of the previous page."""
+        wanted = state.value if isinstance(state, JobState) else state
+        params = {k: v for k, v in (("state", wanted), ("agent", agent), ("limit", limit), ("cursor", cursor)) if v}
+        page = (await self._call("GET", "/v1/jobs", params=params)).json()
+        return [job_from_wire(j) for j in page["jobs"]]
 
-    async def cancel(self, job_id: str, *, wait: float | None = None) -> str:
+    async def cancel(self, job_id: JobRef, *, wait: float | None = None) -> ControlOutcome:
         """`requested`, `accepted` or `already_finished` (an unknown job raises GatewayError 404)."""
         params = {"wait": wait} if wait else {}
-        return str((await self._call("POST", f"/v1/jobs/{job_id}/cancel", params=params)).json()["outcome"])
+        return _outcome(await self._call("POST", f"/v1/jobs/{ref_id(job_id)}/cancel", params=params))
 
-    async def send_input(self, job_id: str, input: Any) -> str:
-        return str((await self._post_json(f"/v1/jobs/{job_id}/input", {"input": input})).json()["outcome"])
+    async def send_input(self, job_id: JobRef, input: Any) -> ControlOutcome:
+        """Send an input to a job waiting in `ctx.next_input()`."""
+        return _outcome(await self._post_json(f"/v1/jobs/{ref_id(job_id)}/input", {"input": input}))
 
-    async def approve(self, job_id: str, approved: bool = True, comment: str | None = None) -> str:
+    async def approve(self, job_id: JobRef, approved: bool = True, comment: str | None = None) -> ControlOutcome:
+        """Answer a job waiting in `ctx.approval(prompt)`."""
         body: dict[str, Any] = {"approved": approved}
         if comment is not None:
             body["comment"] = comment
-        return str((await self._post_json(f"/v1/jobs/{job_id}/approve", body)).json()["outcome"])
+        return _outcome(await self._post_json(f"/v1/jobs/{ref_id(job_id)}/approve", body))
 
     async def workers(self) -> list[dict[str, Any]]:
+        """The registry as the gateway shows it (`jobs_held` is a count for a tenant, the ids for the admin)."""
         out: list[dict[str, Any]] = (await self._call("GET", "/v1/workers")).json()["workers"]
         return out
 
-    async def wait(self, job_id: str, timeout_s: float | None = None, poll_s: float = 0.1) -> dict[str, Any]:
-        """Poll until the job is terminal."""
+    async def wait(self, job_id: JobRef, timeout_s: float | None = None, poll_s: float = 0.1) -> Job:
+        """Poll until the job is terminal (or raise TimeoutError)."""
         async with asyncio.timeout(timeout_s):
             while True:
                 job = await self.job(job_id)
-                if job["state"] in TERMINAL_STATES:
+                if job.state.terminal:
                     return job
                 await asyncio.sleep(poll_s)
 
     # -- events ------------------------------------------------------------------------------------------------------
-    async def events(self, job_id: str, after: str | None = None, limit: int = 1000) -> list[dict[str, Any]]:
+    async def events(self, job_id: JobRef, after: str | None = None, limit: int = 1000) -> list[Event]:
         """One page of the history after a cursor (`EPOCH-SEQ`)."""
         params: dict[str, Any] = {"format": "json", "limit": limit}
         if after:
             params["after"] = after
-        out: list[dict[str, Any]] = (await self._call("GET", f"/v1/jobs/{job_id}/events", params=params)).json()["events"]
-        return out
+        page = (await self._call("GET", f"/v1/jobs/{ref_id(job_id)}/events", params=params)).json()
+        return [event_from_wire(e) for e in page["events"]]
 
-    async def stream(
-        self, job_id: str, after: str | None = None, *, reconnect: bool = True
-    ) -> AsyncIterator[dict[str, Any]]:
+    async def stream(self, job_id: JobRef, after: str | None = None, *, reconnect: bool = True) -> AsyncIterator[Event]:
         """The job's events over SSE until its terminal event. After a dropped connection it reconnects with
         `Last-Event-ID` = the last id received, so the events it yields have no gap and no duplicate."""
         last, last_type = after, None
         while True:
             try:
-                async for event in self._sse_once(job_id, last):
-                    last, last_type = event["id"], event["type"]
+                async for event in self._sse_once(ref_id(job_id), last):
+                    last, last_type = event.cursor, event.type
                     yield event
                 if last_type in TERMINAL_EVENTS or not reconnect:
                     return  # the server ends a stream after its terminal event
@@ -175,7 +183,7 @@ class Client:
                     raise
             await asyncio.sleep(0.2)
 
-    async def _sse_once(self, job_id: str, after: str | None) -> AsyncIterator[dict[str, Any]]:
+    async def _sse_once(self, job_id: str, after: str | None) -> AsyncIterator[Event]:
         headers = {"Accept": "text/event-stream"}
         if after:
             headers["Last-Event-ID"] = after
@@ -188,10 +196,20 @@ class Client:
             async for line in r.aiter_lines():
                 if line == "":
                     if data:
-                        yield json.loads("\n".join(data))
+                        yield event_from_wire(json.loads("\n".join(data)))
                         data = []
                 elif line.startswith("data:"):
                     data.append(line[5:].lstrip(" "))
+
+
+if TYPE_CHECKING:  # mypy holds Client to the one client shape
+
+    def _is_a_jobs_client(client: Client) -> JobsClient:
+        return client
+
+
+def _outcome(r: httpx.Response) -> ControlOutcome:
+    return ControlOutcome(r.json()["outcome"])
 
 
 def _json_body(value: Any) -> bytes:

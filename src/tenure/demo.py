@@ -288,7 +288,7 @@ class Demo:
         return None
 
     async def submit(self, label: str, agent: str, input: Any) -> Tracked:
-        t = Tracked(label, await self.c.submit(agent, input))
+        t = Tracked(label, (await self.c.submit(agent, input)).job.id)
         self.jobs.append(t)
         return t
 
@@ -623,16 +623,16 @@ class Demo:
                 await asyncio.sleep(0.1)
             async with Client(url) as client:
                 ids = [
-                    (await client.submit("chat", {"prompt": f"question {i}", "max_tokens": 12}))["id"] for i in range(jobs)
+                    (await client.submit("chat", {"prompt": f"question {i}", "max_tokens": 12})).job.id for i in range(jobs)
                 ]
                 self.log(f"submitted {jobs} `chat` jobs over HTTP; following the first one's SSE stream:")
                 text, events = [], 0
                 async for event in client.stream(ids[0]):
                     events += 1
-                    if event["type"] == "message.delta":
-                        text.append(event["payload"]["text"])
+                    if event.type == "message.delta":
+                        text.append(event.payload["text"])
                 self.say(f"{events} events, streamed tokens: {''.join(text)!r}")
-                states = [(await client.wait(i, 60))["state"] for i in ids]
+                states = [(await client.wait(i, 60)).state.value for i in ids]
             stats = (await http.get(f"http://127.0.0.1:{model_port}/stats")).json()
         done = sum(1 for st in states if st == "succeeded")
         self.log(

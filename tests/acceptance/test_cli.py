@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tenure.app import open_backends
+from tenure.settings import Settings
 from tests.conftest import PYTHON, ROOT
 from tests.integration.procs import FAST, WorkerProc
 
@@ -106,6 +108,33 @@ def test_idempotency_key_replay_and_conflict(sqlite_database_url: str) -> None:
     clash = tenure(sqlite_database_url, "submit", "echo", "--input", '{"a": 2}', "--idempotency-key", "k")
     assert clash.returncode == 1 and "idempotency_conflict" in clash.stderr
     assert job_count(sqlite_database_url) == 1
+
+
+def test_a_local_submit_at_the_queue_cap_is_a_clear_error_and_writes_nothing(database_url: str) -> None:
+    caps = {"TENURE_MAX_QUEUED": "3"}
+    for n in range(3):
+        out = tenure(database_url, "submit", "echo", "--input", f'{{"n": {n}}}', "--requires", "no-worker", env=caps)
+        assert out.returncode == 0, out.stderr
+    out = tenure(database_url, "submit", "echo", "--input", '{"n": 3}', env=caps)
+    assert out.returncode == 1 and "tenure: queue_full: 3 jobs are waiting to start; the limit is 3" in out.stderr
+    assert "Traceback" not in out.stderr and job_count(database_url) == 3
+    per_tenant = tenure(database_url, "submit", "echo", env={"TENURE_MAX_QUEUED_PER_TENANT": "2"})
+    assert per_tenant.returncode == 1 and "tenant 'default' has 3 jobs waiting" in per_tenant.stderr
+    assert job_count(database_url) == 3
+
+
+async def test_a_local_submit_while_the_circuit_is_open_is_a_clear_error_and_writes_nothing(database_url: str) -> None:
+    backends = await open_backends(Settings(database_url=database_url))
+    try:
+        for _ in range(3):  # the breaker's default threshold: what three timed-out executions of `hang` write
+            await backends.jobs.record_circuit_failure("agent:hang")
+    finally:
+        await backends.close()
+    out = tenure(database_url, "submit", "hang")
+    assert out.returncode == 1 and "tenure: circuit_open: agent 'hang' timed out 3 times" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr and job_count(database_url) == 0
+    assert tenure(database_url, "submit", "echo").returncode == 0  # other agents flow
+    assert job_count(database_url) == 1
 
 
 def test_a_job_out_of_attempts_is_dead_listed_and_requeued(database_url: str, tmp_path: Path) -> None:

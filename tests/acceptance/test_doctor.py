@@ -51,7 +51,7 @@ async def test_doctor_fails_on_a_job_stuck_past_its_claim_ttl_and_on_an_unreacha
     database_url: str,
 ) -> None:
     async with connect("tenure.examples:app", database_url) as client:
-        job_id = await client.submit("echo", {})
+        job_id = (await client.submit("echo", {})).job.id
         claims = await client.store.claim("ghost-worker", ["echo"], [], 1, 0.1)  # claimed, never swept
         assert [c.fence.job_id for c in claims] == [job_id]
         await asyncio.sleep(0.6)  # past the TTL plus doctor's grace (3 sweeps + a heartbeat)

@@ -41,7 +41,7 @@ def admission(store: Store) -> Admission:
 
 
 async def submit(store: Store, agent: str = "echo", input: object = None, **kw: object) -> str:
-    return (await admission(store).submit(JobRequest(agent, input, **kw))).job_id  # type: ignore[arg-type]
+    return (await admission(store).admit(JobRequest(agent, input, **kw))).job.id  # type: ignore[arg-type]
 
 
 async def claim_one(
@@ -107,10 +107,28 @@ async def test_list_jobs_filters_and_pages_newest_first(store: Store) -> None:
 
 
 async def test_same_idempotency_key_and_request_returns_the_original_job(store: Store) -> None:
-    a = await admission(store).submit(JobRequest("echo", {"a": 1}, idempotency_key="k"))
-    b = await admission(store).submit(JobRequest("echo", {"a": 1}, idempotency_key="k"))
-    assert a.created and not b.created and a.job_id == b.job_id
+    a = await admission(store).admit(JobRequest("echo", {"a": 1}, idempotency_key="k"))
+    b = await admission(store).admit(JobRequest("echo", {"a": 1}, idempotency_key="k"))
+    assert a.created and not b.created and a.job.id == b.job.id
     assert len(await store.list_jobs(JobFilter())) == 1
+
+
+async def test_enqueue_answers_the_job_as_inserted_and_a_replay_with_the_existing_job(store: Store) -> None:
+    new = admission(store).build(JobRequest("echo", {"a": [1, "é"]}, priority=3, idempotency_key="k"))
+    (first,) = await store.enqueue([new])
+    assert first.created and first.job_id == new.id
+    assert first.job == await store.get_job(new.id)  # the row as the store holds it: no read needed
+    assert (first.job.state, first.job.input, first.job.priority, first.job.epoch) == (
+        JobState.QUEUED,
+        {"a": [1, "é"]},
+        3,
+        0,
+    )
+    again = admission(store).build(JobRequest("echo", {"a": [1, "é"]}, priority=3, idempotency_key="k"))
+    plain = admission(store).build(JobRequest("echo", None))
+    replay, other = await store.enqueue([again, plain])
+    assert not replay.created and replay.job == first.job
+    assert other.created and other.job == await store.get_job(plain.id)
 
 
 async def test_same_idempotency_key_with_another_request_is_a_conflict(store: Store) -> None:
@@ -475,6 +493,23 @@ async def test_circuit_opens_after_threshold_failures_and_counts_timeouts_on_fin
     assert (await store.circuit_state("agent:other", 3, 600, 60)).failures == 0
 
 
+async def test_admission_state_reads_the_queue_depth_and_the_circuit_together(store: Store) -> None:
+    empty = await store.admission_state("a", "agent:echo", 2, 600, 60)
+    assert (empty.queued, empty.queued_tenant, empty.circuit) == (0, 0, await store.circuit_state("agent:echo", 2, 600, 60))
+    await submit(store, tenant="a")
+    await submit(store, tenant="b")
+    await store.record_circuit_failure("agent:echo")
+    state = await store.admission_state("a", "agent:echo", 2, 600, 60)
+    assert (state.queued, state.queued_tenant) == await store.queue_depth("a") == (2, 1)
+    assert state.circuit.failures == 1 and state.circuit.open_for_s == 0.0
+    await store.record_circuit_failure("agent:echo")
+    state = await store.admission_state("b", "agent:echo", 2, 600, 60)
+    assert (state.queued, state.queued_tenant) == (2, 1)
+    assert state.circuit.failures == 2 and 55 < state.circuit.open_for_s <= 60
+    assert (await store.admission_state("c", "agent:other", 2, 600, 60)).circuit.failures == 0
+    assert (await store.admission_state("c", "agent:echo", 2, 600, 60)).queued_tenant == 0
+
+
 async def test_cancel_answers_by_the_jobs_state(store: Store) -> None:
     queued = await submit(store, tenant="a")
     assert await store.cancel(queued, tenant="b") is ControlOutcome.UNKNOWN  # another tenant's job
@@ -593,9 +628,9 @@ async def test_read_events_many_reads_several_histories_after_their_own_cursors(
 async def test_find_idempotent_answers_only_the_tenants_own_key(store: Store) -> None:
     from tenure.control.admission import idem_digest
 
-    a = await admission(store).submit(JobRequest("echo", 1, idempotency_key="k", tenant="a"))
+    a = await admission(store).admit(JobRequest("echo", 1, idempotency_key="k", tenant="a"))
     found = await store.find_idempotent("a", idem_digest("a", "k"))
-    assert found is not None and found[0] == a.job_id and len(found[1]) == 32
+    assert found is not None and found[0] == a.job.id and len(found[1]) == 32
     assert await store.find_idempotent("b", idem_digest("a", "k")) is None
     assert await store.find_idempotent("a", idem_digest("a", "other")) is None
 

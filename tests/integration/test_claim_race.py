@@ -49,7 +49,7 @@ def _claimer(url: str, name: str, barrier: Any, commands: Any, results: Any) -> 
 
 
 async def _submit(store: Store) -> str:
-    return (await Admission(store, {"echo": AgentSpec("echo")}).submit(JobRequest("echo", None))).job_id
+    return (await Admission(store, {"echo": AgentSpec("echo")}).admit(JobRequest("echo", None))).job.id
 
 
 async def test_concurrent_claims_give_each_job_one_owner_per_epoch_and_one_start(database_url: str) -> None:

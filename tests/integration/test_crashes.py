@@ -56,7 +56,7 @@ async def test_worker_killed_before_start_loses_its_claim_to_another_with_epoch_
     a = spawn(
         workers, database_url, tmp_path, "a", env={"TENURE_FAULTS": "after_claim=sleep:60", "TENURE_CLAIM_MODE": "two_step"}
     )
-    job_id = await client.submit("echo", {"hello": 1})
+    job_id = (await client.submit("echo", {"hello": 1})).job.id
     claimed = await eventually(lambda: owner_of(client, job_id, a.pid), 20, "worker a to claim the job")
     assert claimed.state is JobState.QUEUED and claimed.epoch == 1 and claimed.execution_started_at is None
     spawn(workers, database_url, tmp_path, "b")
@@ -85,7 +85,7 @@ async def test_worker_killed_after_start_leaves_the_job_lost_and_never_runs_it_a
 ) -> None:
     counter = tmp_path / "counter"
     a = spawn(workers, database_url, tmp_path, "a")
-    job_id = await client.submit("crash_after_effect", {"counter": str(counter), "seconds": 60})
+    job_id = (await client.submit("crash_after_effect", {"counter": str(counter), "seconds": 60})).job.id
 
     async def effect_recorded() -> bool:
         # the effect happened (counter file) and its event is durable in the history
@@ -109,7 +109,7 @@ async def test_a_worker_frozen_before_start_and_resumed_after_a_reclaim_writes_n
     a = spawn(
         workers, database_url, tmp_path, "a", env={"TENURE_FAULTS": "after_claim=stop", "TENURE_CLAIM_MODE": "two_step"}
     )
-    job_id = await client.submit("sleep", {"seconds": 0.3, "every": 0.05})
+    job_id = (await client.submit("sleep", {"seconds": 0.3, "every": 0.05})).job.id
     await eventually(lambda: owner_of(client, job_id, a.pid), 20, "worker a to claim (and freeze)")
     b = spawn(workers, database_url, tmp_path, "b")
     job = await eventually(lambda: _terminal(client, job_id), TTL + SWEEP + 15, "b to run the job")
@@ -132,7 +132,7 @@ async def test_a_worker_frozen_after_start_and_resumed_after_being_declared_lost
     client: LocalClient, workers: list[WorkerProc], database_url: str, tmp_path: Path
 ) -> None:
     a = spawn(workers, database_url, tmp_path, "a", env={"TENURE_FAULTS": "after_start=stop"})
-    job_id = await client.submit("sleep", {"seconds": 2, "every": 0.05})
+    job_id = (await client.submit("sleep", {"seconds": 2, "every": 0.05})).job.id
     await eventually(lambda: owner_of(client, job_id, a.pid), 20, "worker a to start (and freeze)")
     spawn(workers, database_url, tmp_path, "b")  # its sweeper declares the frozen owner's job lost
     job = await eventually(lambda: _terminal(client, job_id), TTL + SWEEP + 15, "the job to be lost")
@@ -157,9 +157,9 @@ async def test_sigterm_releases_unstarted_claims_at_once_and_lets_running_jobs_f
         concurrency=2,
         env={"TENURE_FAULTS": "after_claim@echo=sleep:60", "TENURE_CLAIM_MODE": "two_step"},
     )
-    long_id = await client.submit("sleep", {"seconds": 2.5, "every": 0.5})
+    long_id = (await client.submit("sleep", {"seconds": 2.5, "every": 0.5})).job.id
     await eventually(lambda: _running(client, long_id), 20, "the long job to start")
-    short_id = await client.submit("echo", {"x": 1})
+    short_id = (await client.submit("echo", {"x": 1})).job.id
     await eventually(lambda: owner_of(client, short_id, a.pid), 20, "a to claim (and park) the short job")
     a.signal(signal.SIGTERM)
     released = await eventually(lambda: _unowned(client, short_id), 3, "the unstarted claim to be released")
@@ -182,7 +182,7 @@ async def test_a_cancel_in_the_pre_start_window_stops_the_start_and_the_job_ends
     a = spawn(
         workers, database_url, tmp_path, "a", env={"TENURE_FAULTS": "after_claim=sleep:3", "TENURE_CLAIM_MODE": "two_step"}
     )
-    job_id = await client.submit("echo", {"x": 1})
+    job_id = (await client.submit("echo", {"x": 1})).job.id
     claimed = await eventually(lambda: owner_of(client, job_id, a.pid), 20, "worker a to claim the job")
     assert claimed.state is JobState.QUEUED and claimed.execution_started_at is None
     outcome = await client.store.cancel(job_id)
@@ -195,7 +195,7 @@ async def test_a_cancel_in_the_pre_start_window_stops_the_start_and_the_job_ends
     types = [e.type for e in await client.events(job_id)]
     assert "execution.started" not in types and types[-1] == "job.cancelled", types
     assert await client.store.list_executions(job_id) == []
-    nxt = await client.submit("echo", {"x": 2})
+    nxt = (await client.submit("echo", {"x": 2})).job.id
     assert (await eventually(lambda: _terminal(client, nxt), 20, "the next job")).state is JobState.SUCCEEDED
     assert a.proc.poll() is None, a.log()
 

@@ -45,9 +45,9 @@ async def test_hostile_handlers_end_their_own_jobs_and_nothing_else(
     assert set(HOSTILE) | {"ordinary"} == set(hostile_app.app.agents)
     worker = WorkerProc(database_url, tmp_path, "w", concurrency=20, app=APP)
     try:
-        ordinary = [await client.submit("ordinary", {"n": n, "seconds": 1.0}) for n in range(4)]
-        hostile = {agent: await client.submit(agent, {}) for agent in HOSTILE}
-        later = [await client.submit("ordinary", {"n": 10 + n, "seconds": 0.1}) for n in range(4)]
+        ordinary = [(await client.submit("ordinary", {"n": n, "seconds": 1.0})).job.id for n in range(4)]
+        hostile = {agent: (await client.submit(agent, {})).job.id for agent in HOSTILE}
+        later = [(await client.submit("ordinary", {"n": 10 + n, "seconds": 0.1})).job.id for n in range(4)]
 
         async def all_done() -> bool:
             jobs = [await client.job(j) for j in [*ordinary, *hostile.values(), *later]]
@@ -64,7 +64,7 @@ async def test_hostile_handlers_end_their_own_jobs_and_nothing_else(
             assert job.error_message and word in job.error_message, (agent, job.error_message)
             assert len(job.error_message) <= 10_000, (agent, len(job.error_message))
         # Still claiming after all of it.
-        one_more = await client.submit("ordinary", {"n": 99, "seconds": 0.05})
+        one_more = (await client.submit("ordinary", {"n": 99, "seconds": 0.05})).job.id
         job = await eventually(lambda: _terminal(client, one_more), 20, "a job after the hostile ones")
         assert job.state is JobState.SUCCEEDED
     finally:

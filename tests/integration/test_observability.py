@@ -101,9 +101,9 @@ async def test_seed_000_blocking_on_the_loop_delays_an_unrelated_ticker_and_offl
         async def run(blocker: str, ticker_s: float) -> tuple[float, Samples]:
             # The ticker outlives the blockers (checked below) but not by much: on a shared machine every
             # extra second of ticking is one more chance to catch an unrelated scheduling hiccup.
-            ticker_id = await client.submit("ticker", {"seconds": ticker_s, "every": 0.02})
+            ticker_id = (await client.submit("ticker", {"seconds": ticker_s, "every": 0.02})).job.id
             await eventually(lambda: has_event(client, ticker_id, "ticking"), 20, "the ticker to tick")
-            ids = [await client.submit(blocker, {"seconds": 0.2}) for _ in range(4)]
+            ids = [(await client.submit(blocker, {"seconds": 0.2})).job.id for _ in range(4)]
             blockers = await eventually(lambda: all_terminal(client, ids), 20, f"the {blocker} jobs")
             ticker = await eventually(lambda: terminal(client, ticker_id), 20, "the ticker to finish")
             assert ticker.state is JobState.SUCCEEDED, w.log()
@@ -147,7 +147,7 @@ async def test_a_loop_blocked_for_three_claim_ttls_never_runs_its_job_twice_at_o
     hold_s = 3 * TTL
     async with connect(APP, sqlite_database_url) as client:
         await eventually(lambda: _registered(client, 2), 20, "both workers to register")
-        job_id = await client.submit("hold_loop", {"counter": str(counter), "seconds": hold_s})
+        job_id = (await client.submit("hold_loop", {"counter": str(counter), "seconds": hold_s})).job.id
         await eventually(lambda: has_event(client, job_id, "holding"), 20, "the job to start holding")
         owner = (await client.job(job_id)).owner
         assert owner is not None
@@ -196,9 +196,9 @@ async def test_a_degraded_worker_claims_nothing_new_but_keeps_and_finishes_the_j
         worker_id = (await client.workers())[0].id
         # 0.4 s of every 0.5 s on the loop for 4 s: each stall is shorter than the claim TTL, so heartbeats
         # still get through between them, but the loop is late most of the time.
-        laggy_id = await client.submit("laggy", {"blocks": 8, "block_s": 0.4, "gap_s": 0.1})
+        laggy_id = (await client.submit("laggy", {"blocks": 8, "block_s": 0.4, "gap_s": 0.1})).job.id
         await eventually(lambda: _state_of(client, worker_id, "degraded"), 15, "the worker to report degraded")
-        fresh_id = await client.submit("model_call", {})
+        fresh_id = (await client.submit("model_call", {})).job.id
         laggy = await eventually(lambda: terminal(client, laggy_id), 30, "the laggy job to finish")
         assert (await client.job(fresh_id)).owner is None  # nothing new was claimed while degraded
         fresh = await eventually(lambda: terminal(client, fresh_id), 20, "the new job, once the worker recovered")
@@ -235,10 +235,10 @@ async def test_metrics_of_a_mixed_run_are_served_at_slash_metrics_with_their_lab
     url = await metrics_url(w)
     client = mixed_client
     ids = [
-        await client.submit("model_call", {}),
-        await client.submit("block_in_thread", {"seconds": 0.05}),
-        await client.submit("fail_permanently", {}),
-        await client.submit("fail_once", {}),
+        (await client.submit("model_call", {})).job.id,
+        (await client.submit("block_in_thread", {"seconds": 0.05})).job.id,
+        (await client.submit("fail_permanently", {})).job.id,
+        (await client.submit("fail_once", {})).job.id,
     ]
     jobs = await eventually(lambda: all_terminal(client, ids), 30, "the mixed run to finish", interval=0.1)
     assert [j.state for j in jobs] == [JobState.SUCCEEDED, JobState.SUCCEEDED, JobState.FAILED, JobState.SUCCEEDED], w.log()

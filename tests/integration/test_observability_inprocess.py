@@ -43,8 +43,8 @@ async def test_an_in_process_worker_and_the_metrics_asgi_app_never_block_the_loo
     try:
         async with connect(app, url) as client:
             ids = [
-                await client.submit("model_call", {}),
-                await client.submit("block_in_thread", {"seconds": 0.05}),
+                (await client.submit("model_call", {})).job.id,
+                (await client.submit("block_in_thread", {"seconds": 0.05})).job.id,
             ]
 
             async def done() -> bool:

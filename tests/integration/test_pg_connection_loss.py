@@ -93,7 +93,7 @@ async def test_a_worker_claims_again_after_its_claim_connection_was_terminated(
         admission = Admission(store, app.specs())
 
         async def run_one(n: int) -> None:
-            job_id = (await admission.submit(JobRequest("echo", {"n": n}))).job_id
+            job_id = (await admission.admit(JobRequest("echo", {"n": n}))).job.id
 
             async def done() -> bool:
                 job = await store.get_job(job_id)

@@ -97,14 +97,14 @@ async def test_jobs_submitted_one_at_a_time_are_picked_up_without_the_poll_floor
     handler is in flight must still wake the worker (a lost wake-up would leave it to the 60 s poll floor)."""
     store, _ = running_worker
     async with connect("tenure.examples:app", database_url) as client:
-        long = await client.submit("sleep", {"seconds": 30, "every": 30})
+        long = (await client.submit("sleep", {"seconds": 30, "every": 30})).job.id
 
         async def running() -> bool:
             return (await client.job(long)).state is JobState.RUNNING
 
         await eventually(running, 20, "the long job to start")
         for round_ in range(15):
-            ids = [await client.submit("echo", {"r": round_, "i": i}) for i in range(round_ % 3 + 1)]
+            ids = [(await client.submit("echo", {"r": round_, "i": i})).job.id for i in range(round_ % 3 + 1)]
             for job_id in ids:
                 job = await client.wait(job_id, timeout_s=20)
                 assert job.state is JobState.SUCCEEDED, job
@@ -127,11 +127,11 @@ async def test_the_writer_lingers_only_while_other_jobs_run(database_url: str) -
     try:
         async with connect("tenure.examples:app", database_url) as client:
             began = time.monotonic()
-            alone = await client.wait(await client.submit("echo", {"alone": True}), timeout_s=30)
+            alone = await client.wait((await client.submit("echo", {"alone": True})).job.id, timeout_s=30)
             assert alone.state is JobState.SUCCEEDED
             assert time.monotonic() - began < linger, "a finish with no other job running did not linger"
 
-            long = await client.submit("sleep", {"seconds": 30, "every": 30})
+            long = (await client.submit("sleep", {"seconds": 30, "every": 30})).job.id
 
             async def running() -> bool:
                 return (await client.job(long)).state is JobState.RUNNING
@@ -139,7 +139,7 @@ async def test_the_writer_lingers_only_while_other_jobs_run(database_url: str) -
             await eventually(running, 20, "the long job to start")
             await asyncio.sleep(linger + 1)  # its first progress event lingered too; let that write go first
             began = time.monotonic()
-            beside = await client.wait(await client.submit("echo", {"alone": False}), timeout_s=30)
+            beside = await client.wait((await client.submit("echo", {"alone": False})).job.id, timeout_s=30)
             assert beside.state is JobState.SUCCEEDED
             if store.claim_carries_finishes:
                 # SQLite: the slot it freed wakes the claim loop, which takes the finish into its own transaction

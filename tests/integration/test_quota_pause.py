@@ -27,13 +27,13 @@ async def test_approval_releases_the_quota_lease_and_takes_it_back(sqlite_databa
     )
     try:
         async with connect(APP, sqlite_database_url) as client:
-            holder = await client.submit("hold_and_ask", {})
+            holder = (await client.submit("hold_and_ask", {})).job.id
 
             async def waiting() -> bool:
                 return (await client.job(holder)).state is JobState.WAITING
 
             await eventually(waiting, 30, "the holder to wait for its approval")
-            taker = await client.submit("take", {})
+            taker = (await client.submit("take", {})).job.id
             took = await client.wait(taker, timeout_s=30)
             assert took.state is JobState.SUCCEEDED, (took.error_code, took.error_message, worker.log())
             outcome = await client.store.send_command(holder, None, "approve", json.dumps({"approved": True}))
@@ -70,7 +70,7 @@ async def test_a_fail_open_quota_counts_blocks_run_without_a_lease_on_metrics(
     try:
         async with connect(APP, sqlite_database_url) as client:
             for _ in range(2):
-                job = await client.wait(await client.submit("take", {}), timeout_s=30)
+                job = await client.wait((await client.submit("take", {})).job.id, timeout_s=30)
                 assert job.state is JobState.SUCCEEDED and job.result == {"took": True}, worker.log()
         url = await metrics_url(worker)
 

@@ -41,7 +41,7 @@ async def test_with_a_ready_index_queue_wait_and_dispatch_are_observed(
     workers.append(w)
     url = await metrics_url(w)
     async with connect(APP, settings=_settings(database_url, private_redis, prefix)) as client:
-        ids = [await client.submit("model_call", {"n": n}) for n in range(10)]
+        ids = [(await client.submit("model_call", {"n": n})).job.id for n in range(10)]
         jobs = await eventually(lambda: all_terminal(client, ids), 30, f"the jobs to finish\n{w.log()}")
     assert all(j.state is JobState.SUCCEEDED for j in jobs), w.log()
     s = await scrape(url)
@@ -66,10 +66,10 @@ async def test_with_a_ready_index_a_degraded_worker_stops_claiming_before_its_ne
     workers.append(w)
     async with connect(APP, settings=_settings(sqlite_database_url, private_redis, prefix)) as client:
         await eventually(lambda: _registered(client), 20, "the worker to register")
-        laggy_id = await client.submit("laggy", {"blocks": 8, "block_s": 0.4, "gap_s": 0.1})
+        laggy_id = (await client.submit("laggy", {"blocks": 8, "block_s": 0.4, "gap_s": 0.1})).job.id
         await eventually(lambda: _started(client, laggy_id), 15, "the laggy job to start")
         await eventually(lambda: _logged(w, "worker degraded"), 10, f"the worker to see its lag\n{w.log()}")
-        fresh_id = await client.submit("model_call", {})
+        fresh_id = (await client.submit("model_call", {})).job.id
         laggy = await eventually(lambda: terminal(client, laggy_id), 30, "the laggy job to finish")
         assert (await client.job(fresh_id)).owner is None, "a degraded worker claimed a new job"
         fresh = await eventually(lambda: terminal(client, fresh_id), 20, "the new job, once the worker recovered")

@@ -72,7 +72,7 @@ async def test_a_cancel_reaches_a_running_job_through_the_heartbeat_while_redis_
     worker = WorkerProc(pg_database_url, tmp_path, "w", env={"TENURE_REDIS_URL": private_redis.url})
     try:
         async with connect("tenure.examples:app", pg_database_url) as client:
-            job_id = await client.submit("sleep", {"seconds": 60, "every": 5})
+            job_id = (await client.submit("sleep", {"seconds": 60, "every": 5})).job.id
 
             async def running() -> bool:
                 return (await client.job(job_id)).state is JobState.RUNNING

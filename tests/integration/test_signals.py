@@ -173,7 +173,7 @@ async def test_a_cancel_reaches_a_running_job_over_redis_long_before_a_heartbeat
     settings = Settings(database_url=pg_database_url, redis_url=private_redis.url)
     try:
         async with connect("tenure.examples:app", settings=settings) as client:
-            job_id = await client.submit("sleep", {"seconds": 120, "every": 10})
+            job_id = (await client.submit("sleep", {"seconds": 120, "every": 10})).job.id
 
             async def running() -> bool:
                 return (await client.job(job_id)).state is JobState.RUNNING

@@ -39,7 +39,7 @@ async def test_jobs_of_a_worker_quota_agent_are_claimed_only_with_a_global_slot_
     owned_at_once: list[int] = []
     try:
         async with connect("gpu_app:app", sqlite_database_url) as client:
-            ids = [await client.submit("render", {"seconds": 0.3}) for _ in range(5)]
+            ids = [(await client.submit("render", {"seconds": 0.3})).job.id for _ in range(5)]
             async with asyncio.timeout(60):
                 while True:
                     jobs = [await client.job(i) for i in ids]

@@ -7,15 +7,16 @@ the attempt counter it increments). What is decided here is everything a reader 
 across two files in two languages:
 
     check_lease_args     the argument errors of every `Leases` backend (SQLite, PostgreSQL, Redis)
-    circuit_state        the circuit breaker's arithmetic over the store's failure window
+    CIRCUIT_KEEP_S       how long a circuit's failures are kept (the longest window)
     pending_migrations   which numbered migrations a database needs, or why it cannot be migrated
     lost_outcome         the sweeper's decision for an execution whose owner stopped heartbeating, and its event
     finish_effects       what a matched finish CAS writes besides the job row: the event, the execution record,
                          the circuit breaker's count
-    expired_event, cancelled_event, requeued_event   the events a store appends on its own
+    EXPIRED_EVENT, CANCELLED_EVENT, REQUEUED_EVENT   the events a store appends on its own
 
-The idempotency answer (`contracts.types.idempotent_replay`) is used above the backends too, so it lives in
-`contracts`.
+Two rules are used above the backends too, so they live in `contracts.types`: the idempotency answer
+(`check_replay`) and the circuit breaker's arithmetic over the store's failure window
+(`CircuitState.from_window`).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 
 from tenure.contracts.errors import MigrationError
 from tenure.contracts.states import JobState
-from tenure.contracts.types import CircuitState, Finish
+from tenure.contracts.types import Finish
 
 # -- leases ------------------------------------------------------------------------------------------------------------
 
@@ -43,15 +44,6 @@ def check_lease_args(limit: int, ttl_s: float) -> None:
 
 CIRCUIT_KEEP_S = 3600.0
 """Failures older than this are forgotten when a new one is counted: the longest window a circuit may use."""
-
-
-def circuit_state(failures: int, latest: float | None, now: float, threshold: int, open_s: float) -> CircuitState:
-    """A circuit from its window as the store counted it (failures within the window, the latest one, the
-    server's clock): open for `open_s` after the failure that brought the count to `threshold` or more."""
-    open_for = 0.0
-    if failures >= threshold and latest is not None:
-        open_for = max(0.0, latest + open_s - now)
-    return CircuitState(int(failures), open_for)
 
 
 # -- migrations ----------------------------------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, TypeVar
 from tenure.contracts.states import WorkerState
 from tenure.contracts.store import JobStore, OffloadStats, Signals
 from tenure.contracts.types import (
+    AdmissionState,
     CircuitState,
     Claim,
     Command,
@@ -203,6 +204,11 @@ class AfterCommit:
         return await self.store.count_live_jobs()
 
     # -- the gateway's side --------------------------------------------------------------------------------------
+    async def admission_state(
+        self, tenant: str, circuit_key: str, threshold: int, window_s: float, open_s: float
+    ) -> AdmissionState:
+        return await self.store.admission_state(tenant, circuit_key, threshold, window_s, open_s)
+
     async def queue_depth(self, tenant: str) -> tuple[int, int]:
         return await self.store.queue_depth(tenant)
 

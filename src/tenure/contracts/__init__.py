@@ -29,6 +29,7 @@ from tenure.contracts.errors import (
 from tenure.contracts.states import TERMINAL, JobState, WorkerState, check_transition
 from tenure.contracts.store import Backends, JobStore, LeaseRef, Leases, Signals, Store
 from tenure.contracts.types import (
+    AdmissionState,
     AgentSpec,
     CircuitState,
     Claim,
@@ -57,6 +58,7 @@ __all__ = [
     "AdapterError",
     "AdapterOverloaded",
     "AdapterSlotLost",
+    "AdmissionState",
     "AgentSpec",
     "Backends",
     "CircuitState",

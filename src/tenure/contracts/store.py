@@ -27,6 +27,7 @@ from typing import Protocol, TypeVar, runtime_checkable
 
 from tenure.contracts.states import JobState, WorkerState
 from tenure.contracts.types import (
+    AdmissionState,
     CircuitState,
     Claim,
     Command,
@@ -130,8 +131,9 @@ class JobStore(Protocol):
 
     # -- admission -----------------------------------------------------------------------------------------
     async def enqueue(self, jobs: Sequence[NewJob]) -> list[Enqueued]:
-        """Insert jobs. A job whose (tenant, idempotency digest) exists is not inserted:
-        its answer is the existing job when the request fingerprint matches, else `IdempotencyConflict`."""
+        """Insert jobs; answer each with the job as inserted. A job whose (tenant, idempotency digest) exists is
+        not inserted: its answer is the existing job when the request fingerprint matches, else
+        `IdempotencyConflict`."""
         ...
 
     async def get_job(self, job_id: str, tenant: str | None = None) -> Job | None:
@@ -241,6 +243,13 @@ class JobStore(Protocol):
         ...
 
     # -- the gateway's side: admission counts, control commands ------------------------------------------------------
+    async def admission_state(
+        self, tenant: str, circuit_key: str, threshold: int, window_s: float, open_s: float
+    ) -> AdmissionState:
+        """In one round trip, what admission's gate needs: `queue_depth(tenant)` and `circuit_state(circuit_key,
+        threshold, window_s, open_s)`, read together."""
+        ...
+
     async def queue_depth(self, tenant: str) -> tuple[int, int]:
         """Jobs waiting to start (queued or scheduled), counted in the shared store: (all tenants, `tenant`)."""
         ...

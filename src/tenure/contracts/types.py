@@ -156,21 +156,27 @@ class NewJob:
 
 @dataclass(frozen=True, slots=True)
 class Enqueued:
-    """The answer to one enqueue: the job id, and whether it was created now or found by its key."""
+    """The answer to one enqueue: the job as the store holds it (the row just inserted, or for a replayed
+    idempotency key the existing job), and whether it was created now. Admission answers a client from it,
+    without reading the job again."""
 
-    job_id: str
+    job: Job
     created: bool
 
+    @property
+    def job_id(self) -> str:
+        """The job's id."""
+        return self.job.id
 
-def idempotent_replay(existing_job_id: str, existing_fingerprint: bytes, request_fingerprint: bytes) -> Enqueued:
-    """The answer to a request whose idempotency key names an existing job: that job, when the request is the
-    same one (equal fingerprints); else `IdempotencyConflict`, never a silent reuse. Every door uses it: the
-    stores' enqueue, the gateway's replay under a refusal, the in-process placeholder."""
+
+def check_replay(existing_job_id: str, existing_fingerprint: bytes, request_fingerprint: bytes) -> None:
+    """A request whose idempotency key names an existing job is answered with that job only when it is the same
+    request (equal fingerprints); else it is an `IdempotencyConflict`, never a silent reuse. The one rule every
+    door applies: the stores' enqueue, admission's replay under a refusal, the in-process placeholder."""
     if existing_fingerprint != request_fingerprint:
         raise IdempotencyConflict(
             "this idempotency key was already used for a different request", existing_job_id=existing_job_id
         )
-    return Enqueued(existing_job_id, False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,7 +269,13 @@ class Event:
     def cursor(self) -> str:
         return f"{self.epoch}-{self.seq}"
 
+    def __getitem__(self, key: str) -> Any:
+        """`event["id"]` is `event.to_dict()["id"]` (the cursor): what `tenure.client.Client` answered before it
+        returned `Event`s (0.1 gave dicts). Deprecated: use the attributes."""
+        return self.to_dict()[key]
+
     def to_dict(self) -> dict[str, Any]:
+        """The event as the HTTP API sends it, with its cursor as `id`."""
         return {
             "id": self.cursor,
             "job_id": self.job_id,
@@ -316,10 +328,16 @@ class Job:
     finished_at: float | None
 
     def to_dict(self) -> dict[str, Any]:
+        """The job as the HTTP API answers it (JSON types: `state` its value, `requires` a list)."""
         out = dataclasses.asdict(self)
         out["state"] = self.state.value
         out["requires"] = list(self.requires)
         return out
+
+    def __getitem__(self, key: str) -> Any:
+        """`job["state"]` is `job.to_dict()["state"]`: what `tenure.client.Client` answered before it returned
+        `Job`s (0.1 gave dicts). Deprecated: use the attributes."""
+        return self.to_dict()[key]
 
 
 @dataclass(frozen=True, slots=True)
@@ -475,3 +493,22 @@ class CircuitState:
 
     failures: int
     open_for_s: float
+
+    @classmethod
+    def from_window(cls, failures: int, latest: float | None, now: float, threshold: int, open_s: float) -> CircuitState:
+        """The state of a window of `failures`, the latest at `latest`, read at `now` (the store's clock): open
+        for `open_s` after the failure that brought the count to `threshold` or more."""
+        open_for = 0.0
+        if failures >= threshold and latest is not None:
+            open_for = max(0.0, latest + open_s - now)
+        return cls(int(failures), open_for)
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionState:
+    """What admission's gate reads in one round trip before it admits: jobs waiting to start (queued or
+    scheduled) in all and of one tenant, and the circuit of the agent asked for."""
+
+    queued: int
+    queued_tenant: int
+    circuit: CircuitState

@@ -1,4 +1,9 @@
-"""Admission: turn a client's request into a validated `NewJob`, or refuse it with a clear error.
+"""Admission: the one door by which a job comes in, whoever sends it (the gateway's HTTP and WebSocket routes,
+`LocalClient` behind `tenure.connect` and `tenure submit`, the demo). `Admission.admit` turns a client's request
+into a validated `NewJob`, merges same-process duplicates of its idempotency key (`InFlight`), checks the caps and
+the circuit (`control.gate`, one read of the store), enqueues it and hints the ready index; it answers with the
+job as inserted (`Admitted`), never reading it back. On PostgreSQL that is three round trips: the gate's read, the
+insert and its flush barrier.
 
 Nothing is written for a refused request. The idempotency digest is SHA-256 of `tenant|key` (unique per
 tenant in the store); the request fingerprint covers everything that defines the job, so replaying a key with a
@@ -11,23 +16,30 @@ levels of nesting), so a hostile document is refused the same way wherever it ar
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
 import math
 import re
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tenure.contracts.errors import InputTooLarge, InvalidRequest, StoreUnavailable, UnknownAgent
+from tenure.contracts.errors import (
+    IdempotencyConflict,
+    InputTooLarge,
+    InvalidRequest,
+    StoreUnavailable,
+    UnknownAgent,
+)
 from tenure.contracts.ready import ReadyHint, ReadyIndex
 from tenure.contracts.store import Store
-from tenure.contracts.types import DEFAULT_TENANT, AgentSpec, Enqueued, NewJob, holds_nul, new_id
+from tenure.contracts.types import DEFAULT_TENANT, AgentSpec, Enqueued, Job, NewJob, check_replay, holds_nul, new_id
+from tenure.control.gate import CircuitOpen, Gate, GateConfig, GateObserver, QueueFull
+from tenure.control.models import KEY, TENANT, JobSpec, check, shown, validated
 
-MAX_PRIORITY = 100
-MAX_KEY_LENGTH = 255
 MAX_JSON_DEPTH = 64
 """How deeply a job's input, or any other JSON value a client sends, may nest arrays and objects. A request body
 or WebSocket frame wraps its values in one object, so the text itself may nest `MAX_JSON_DEPTH + 1` levels. Python
@@ -145,12 +157,10 @@ def parse_json(data: str | bytes, what: str, *, max_depth: int = MAX_JSON_DEPTH)
 
 @dataclass(frozen=True, slots=True)
 class AdmissionLimits:
-    """Bounds on what a request may ask for."""
+    """Bounds on what a request may ask for, beyond the fixed ranges of `control.models.JobSpec`."""
 
     max_input_bytes: int = 1024 * 1024
     default_deadline_s: float | None = 300.0
-    max_deadline_s: float = 7 * 24 * 3600.0
-    max_attempts_cap: int = 100
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,17 +177,36 @@ class JobRequest:
     tenant: str = DEFAULT_TENANT
 
 
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    """The answer to an admission: the job as the store holds it, and whether it was created now (False: an
+    idempotency key seen before answered its original job)."""
+
+    job: Job
+    created: bool
+
+    @property
+    def id(self) -> str:
+        """The job's id."""
+        return self.job.id
+
+    job_id = id
+
+    def __getitem__(self, key: str) -> Any:
+        """Dict-style access, as `tenure.client.Client.submit` answered before it returned this: `["id"]`,
+        `["_created"]` and the job's fields. Deprecated: use the attributes."""
+        return self.created if key == "_created" else self.job[key]
+
+
 def idem_digest(tenant: str, key: str) -> bytes:
     """SHA-256 of `tenant|key`: the same key of two tenants never collides."""
     return hashlib.sha256(f"{tenant}|{key}".encode()).digest()
 
 
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
 class Admission:
-    """Validates requests against the registered agents and limits, then enqueues them."""
+    """The one door every job comes in by (the gateway over HTTP and WebSocket, `LocalClient`, `tenure submit`,
+    the demo): validate against the registered agents and limits, merge same-process duplicates of an
+    idempotency key, check the caps and the circuit (one read), enqueue, hint the ready index."""
 
     def __init__(
         self,
@@ -185,47 +214,40 @@ class Admission:
         agents: Mapping[str, AgentSpec],
         limits: AdmissionLimits | None = None,
         ready_index: ReadyIndex | None = None,
+        *,
+        gate: GateConfig | None = None,
+        on_gate: GateObserver | None = None,
     ) -> None:
         self.store = store
         self.agents = dict(agents)
         # Optional accelerator: new jobs are hinted to the ready index after the store committed them.
         self.ready_index = ready_index
         self.limits = limits or AdmissionLimits()
+        self.gate = Gate(store, gate, on_gate)
+        self.inflight = InFlight()
 
     def build(self, req: JobRequest) -> NewJob:
         """Validate one request; raise `InvalidRequest` (or a subclass) with a message a client can act on."""
-        spec = self.agents.get(req.agent) if isinstance(req.agent, str) else None
+        fields = validated(JobSpec, _spec_fields(req), "the request")
+        spec = self.agents.get(fields.agent)
         if spec is None:
             known = ", ".join(sorted(self.agents)) or "none"
-            raise UnknownAgent(f"unknown agent {shown(req.agent)} (registered agents: {known})")
+            raise UnknownAgent(f"unknown agent {shown(fields.agent)} (registered agents: {known})")
         input_json, size = _input_json(req.input)
         if size > self.limits.max_input_bytes:
             raise InputTooLarge(
                 f"input is {size} bytes of JSON; the limit is {self.limits.max_input_bytes} bytes "
                 "(store large inputs elsewhere and pass a reference)"
             )
-        priority = spec.priority if req.priority is None else req.priority
-        if not _is_int(priority) or not 0 <= priority <= MAX_PRIORITY:
-            raise InvalidRequest(f"priority must be an integer from 0 to {MAX_PRIORITY}, not {shown(priority)}")
-        max_attempts = spec.max_attempts if req.max_attempts is None else req.max_attempts
-        if not _is_int(max_attempts) or not 1 <= max_attempts <= self.limits.max_attempts_cap:
-            raise InvalidRequest(
-                f"max_attempts must be an integer from 1 to {self.limits.max_attempts_cap}, not {shown(max_attempts)}"
-            )
-        deadline_s = self.limits.default_deadline_s if req.deadline_s is None else req.deadline_s
-        if deadline_s is not None and (not is_finite_number(deadline_s) or not 0 < deadline_s <= self.limits.max_deadline_s):
-            raise InvalidRequest(
-                f"deadline_s must be a number of seconds in (0, {self.limits.max_deadline_s:g}], not {shown(deadline_s)}"
-            )
-        requires = _tags(req.requires) | spec.requires
-        if not isinstance(req.tenant, str) or not req.tenant or not _is_text(req.tenant):
-            raise InvalidRequest("tenant must be a non-empty string")
+        priority = spec.priority if fields.priority is None else fields.priority
+        max_attempts = spec.max_attempts if fields.max_attempts is None else fields.max_attempts
+        deadline_s = self.limits.default_deadline_s if fields.deadline_s is None else fields.deadline_s
+        requires = frozenset(fields.requires or ()) | spec.requires
+        check(TENANT, req.tenant, "tenant")
         digest = None
         if req.idempotency_key is not None:
-            key = req.idempotency_key
-            if not isinstance(key, str) or not key or len(key) > MAX_KEY_LENGTH or not _is_text(key):
-                raise InvalidRequest(f"an idempotency key is a string of 1 to {MAX_KEY_LENGTH} characters")
-            digest = idem_digest(req.tenant, key)
+            check(KEY, req.idempotency_key, "idempotency_key")
+            digest = idem_digest(req.tenant, req.idempotency_key)
         fingerprint = hashlib.sha256(
             json.dumps([spec.name, input_json, priority, sorted(requires), deadline_s, max_attempts]).encode()
         ).digest()
@@ -244,19 +266,55 @@ class Admission:
             request_fingerprint=fingerprint,
         )
 
-    async def submit(self, req: JobRequest) -> Enqueued:
-        """Validate and enqueue one job."""
+    async def admit(self, req: JobRequest) -> Admitted:
+        """Admit one job: build → same-process dedupe of its key → gate → enqueue → hint. The answer is the job as
+        inserted (or, for a replayed key, the original job): nothing is read back."""
         job = self.build(req)
-        (out,) = await self.store.enqueue([job])
-        await self.hint([job], [out])
-        return out
+        if job.idem_digest is None:
+            return await self._admit(job)
+        return await self.inflight.run(job.idem_digest, job.request_fingerprint, lambda: self._admit(job))
 
-    async def submit_many(self, reqs: Iterable[JobRequest]) -> list[Enqueued]:
-        """Validate every request first (all or nothing), then enqueue them in one batch."""
+    async def admit_many(self, reqs: Iterable[JobRequest]) -> list[Admitted]:
+        """Admit a batch in one enqueue: every request is validated and the caps are checked for the whole batch
+        first (all or nothing), so a batch that would pass a cap is refused whole."""
         jobs = [self.build(r) for r in reqs]
+        if not jobs:
+            return []
+        demand: dict[tuple[str, str], int] = {}
+        for j in jobs:
+            demand[(j.tenant, j.agent)] = demand.get((j.tenant, j.agent), 0) + 1
+        await self.gate.check(demand)
         out = await self.store.enqueue(jobs)
         await self.hint(jobs, out)
-        return out
+        return [Admitted(e.job, e.created) for e in out]
+
+    async def _admit(self, job: NewJob) -> Admitted:
+        try:
+            await self.gate.check({(job.tenant, job.agent): 1})
+        except (QueueFull, CircuitOpen):
+            # A replay of a key answers its original job even while the caps or the circuit refuse new work:
+            # the job exists, nothing new is admitted.
+            replayed = await self._replayed(job)
+            if replayed is None:
+                raise
+            return replayed
+        (out,) = await self.store.enqueue([job])
+        await self.hint([job], [out])
+        return Admitted(out.job, out.created)
+
+    async def _replayed(self, job: NewJob) -> Admitted | None:
+        if job.idem_digest is None:
+            return None
+        found = await self.store.find_idempotent(job.tenant, job.idem_digest)
+        if found is None:
+            return None
+        job_id, fingerprint = found
+        try:
+            check_replay(job_id, fingerprint, job.request_fingerprint)
+        except IdempotencyConflict as conflict:
+            raise conflict from None  # the key's answer, not the refusal it stands in for
+        existing = await self.store.get_job(job_id)
+        return None if existing is None else Admitted(existing, False)
 
     async def hint(self, jobs: list[NewJob], enqueued: list[Enqueued]) -> None:
         """Publish ready hints for the jobs created now. The index is an accelerator: if it is down, workers
@@ -271,30 +329,63 @@ class Admission:
             logging.getLogger("tenure.admission").warning("ready index unavailable, workers will poll: %s", exc)
 
 
-def shown(value: Any, limit: int = 60) -> str:
-    """`repr` of a client's value for an error message, cut to `limit` characters: a problem body quotes what
-    was wrong, never the whole megabyte of it."""
-    try:
-        text = repr(value)
-    except ValueError:  # an int past Python's digit limit has no repr
-        text = "<an integer too large to print>"
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+class InFlight:
+    """Same-process duplicates of one idempotency digest share the first request's future; across processes
+    the store's unique `(tenant, idem_digest)` answers."""
+
+    def __init__(self) -> None:
+        self._pending: dict[bytes, tuple[bytes, asyncio.Future[Admitted]]] = {}
+
+    async def run(self, digest: bytes, fingerprint: bytes, submit: Callable[[], Awaitable[Admitted]]) -> Admitted:
+        """The answer of `submit()`, run once for all concurrent callers with this digest."""
+        held = self._pending.get(digest)
+        if held is not None:
+            first_fingerprint, fut = held
+            result = await asyncio.shield(fut)
+            check_replay(result.job.id, first_fingerprint, fingerprint)
+            return Admitted(result.job, False)
+        fut = asyncio.get_running_loop().create_future()
+        self._pending[digest] = (fingerprint, fut)
+        try:
+            result = await submit()
+        except BaseException as exc:
+            # A leader that was cancelled (its client went away) answers its waiters "retry": the store
+            # decides whether the job was created, and a retry with the same key gets that answer.
+            fut.set_exception(
+                exc
+                if isinstance(exc, Exception)
+                else StoreUnavailable("the first request with this idempotency key was abandoned; retry")
+            )
+            fut.exception()  # retrieved: waiters (if any) re-raise it; nobody is warned of an orphan
+            raise
+        else:
+            fut.set_result(result)
+            return result
+        finally:
+            del self._pending[digest]
+
+    def __len__(self) -> int:
+        return len(self._pending)
 
 
-def is_finite_number(v: Any) -> bool:
-    """An int or a finite float, not a bool. An int is finite however large (`math.isfinite` would overflow)."""
-    if isinstance(v, bool) or not isinstance(v, int | float):
-        return False
-    return isinstance(v, int) or math.isfinite(v)
-
-
-def _is_text(s: str) -> bool:
-    """Whether `s` encodes as UTF-8: a lone surrogate cannot be hashed, stored or sent back."""
-    try:
-        s.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
+def _spec_fields(req: JobRequest) -> dict[str, Any]:
+    """A `JobRequest`'s job fields as `JobSpec` reads them. A Python caller may pass any sequence of tags (a
+    tuple, a set); JSON's only sequence is a list, so they are given to the model as one (a str stays a str:
+    "gpu" is not a list of tags)."""
+    requires: Any = req.requires
+    if requires is not None and not isinstance(requires, str | bytes | dict):
+        try:
+            requires = list(requires)
+        except TypeError:
+            pass  # not iterable: the model refuses it
+    return {
+        "agent": req.agent,
+        "input": req.input,
+        "priority": req.priority,
+        "requires": requires,
+        "deadline_s": req.deadline_s,
+        "max_attempts": req.max_attempts,
+    }
 
 
 def _input_json(value: Any) -> tuple[str, int]:
@@ -318,14 +409,3 @@ def _input_json(value: Any) -> tuple[str, int]:
     if _may_nest_deeper(text, MAX_JSON_DEPTH) and nesting_exceeds(json.loads(text), MAX_JSON_DEPTH):
         raise InvalidJSON(f"input nests arrays and objects deeper than {MAX_JSON_DEPTH} levels", kind="too-deep")
     return text, size
-
-
-def _tags(tags: Iterable[str]) -> frozenset[str]:
-    out = set()
-    if isinstance(tags, str):
-        raise InvalidRequest("requires must be a list of capability tags, not a string")
-    for t in tags:
-        if not isinstance(t, str) or not re.fullmatch(r"[A-Za-z0-9_.:/-]{1,64}", t):
-            raise InvalidRequest(f"{shown(t)} is not a valid capability tag (letters, digits, _.:/-, 1-64 chars)")
-        out.add(t)
-    return frozenset(out)

@@ -1,21 +1,20 @@
-"""Admission control at the gateway: queue caps, circuit breakers, and same-process idempotency.
+"""Admission control: queue caps and circuit breakers, checked for every admission (control/admission.py).
 
-Every count lives in the shared store, so two gateways answer alike (seed 004's open gap): the caps count
-queued and scheduled jobs in the database, and a circuit's window of timeouts is a table, not a counter in
-one process. The one in-process structure is `InFlight`, the placeholder that makes same-process duplicates
-of an idempotency key wait for the first request instead of racing it to the database; across processes
-the store's unique `(tenant, idem_digest)` answers.
+Every count lives in the shared store, so two gateways — and a gateway and a `tenure submit` beside it — answer
+alike (seed 004's open gap): the caps count queued and scheduled jobs in the database, and a circuit's window of
+timeouts is a table, not a counter in one process. Both are read in one round trip (`Store.admission_state`).
+The count and the insert are two statements, so concurrent admissions can overshoot a cap by at most the number
+of admissions in flight at that moment.
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
-from tenure.contracts.errors import StoreUnavailable, TenureError
+from tenure.contracts.errors import TenureError
 from tenure.contracts.store import Store
-from tenure.contracts.types import Enqueued, idempotent_replay
 
 
 class QueueFull(TenureError):
@@ -50,65 +49,59 @@ class GateConfig:
     retry_after_s: int = 1
 
 
-class Gate:
-    """Checks one admission against the shared counts. Raises `QueueFull` or `CircuitOpen`."""
+class GateObserver(Protocol):
+    """Told of every check (the gateway exports it as metrics: the caps admitted under, the circuit's state)."""
 
-    def __init__(self, store: Store, config: GateConfig | None = None) -> None:
+    def __call__(self, tenant: str, circuit_key: str, circuit_open: bool) -> None:
+        """One check of `tenant`'s admission to circuit `circuit_key` read the circuit open or closed."""
+        ...
+
+
+class Gate:
+    """Checks an admission against the shared counts, with one read of the store per (tenant, agent) asked
+    for (one for a single job). Raises `QueueFull` or `CircuitOpen`."""
+
+    def __init__(self, store: Store, config: GateConfig | None = None, observer: GateObserver | None = None) -> None:
         self.store = store
         self.config = config or GateConfig()
+        self.observer = observer
 
-    async def check(self, tenant: str, agent: str) -> None:
+    async def check(self, demand: Mapping[tuple[str, str], int]) -> None:
+        """Whether `demand` — how many jobs of each (tenant, agent) one admission asks for at once — may be
+        admitted: every agent's circuit is closed, and no cap would be passed by the whole of it."""
         cfg = self.config
-        circuit = await self.store.circuit_state(
-            f"agent:{agent}", cfg.breaker_threshold, cfg.breaker_window_s, cfg.breaker_open_s
-        )
-        if circuit.open_for_s > 0:
-            raise CircuitOpen(
-                f"agent {agent!r} timed out {circuit.failures} times in the last {cfg.breaker_window_s:g}s; "
-                f"new jobs are refused for {circuit.open_for_s:.0f}s more",
-                retry_after_s=max(1, int(circuit.open_for_s + 0.999)),
+        total = 0
+        queued_of: dict[str, int] = {}
+        for tenant, agent in demand:
+            key = f"agent:{agent}"
+            state = await self.store.admission_state(
+                tenant, key, cfg.breaker_threshold, cfg.breaker_window_s, cfg.breaker_open_s
             )
-        total, mine = await self.store.queue_depth(tenant)
-        if total >= cfg.max_queued:
-            raise QueueFull(f"{total} jobs are waiting to start; the limit is {cfg.max_queued}", cfg.retry_after_s)
-        if mine >= cfg.max_queued_per_tenant:
+            circuit = state.circuit
+            if self.observer is not None:
+                self.observer(tenant, key, circuit.open_for_s > 0)
+            if circuit.open_for_s > 0:
+                raise CircuitOpen(
+                    f"agent {agent!r} timed out {circuit.failures} times in the last {cfg.breaker_window_s:g}s; "
+                    f"new jobs are refused for {circuit.open_for_s:.0f}s more",
+                    retry_after_s=max(1, int(circuit.open_for_s + 0.999)),
+                )
+            total = max(total, state.queued)
+            queued_of[tenant] = state.queued_tenant
+        asked = sum(demand.values())
+        if total + asked > cfg.max_queued:
             raise QueueFull(
-                f"tenant {tenant!r} has {mine} jobs waiting to start; the limit is {cfg.max_queued_per_tenant}",
-                cfg.retry_after_s,
+                f"{total} jobs are waiting to start; the limit is {cfg.max_queued}{_batch(asked)}", cfg.retry_after_s
             )
+        for tenant, mine in queued_of.items():
+            mine_asked = sum(n for (t, _), n in demand.items() if t == tenant)
+            if mine + mine_asked > cfg.max_queued_per_tenant:
+                raise QueueFull(
+                    f"tenant {tenant!r} has {mine} jobs waiting to start; the limit is {cfg.max_queued_per_tenant}"
+                    + _batch(mine_asked),
+                    cfg.retry_after_s,
+                )
 
 
-class InFlight:
-    """Same-process duplicates of one idempotency digest share the first request's future."""
-
-    def __init__(self) -> None:
-        self._pending: dict[bytes, tuple[bytes, asyncio.Future[Enqueued]]] = {}
-
-    async def run(self, digest: bytes, fingerprint: bytes, submit: Callable[[], Awaitable[Enqueued]]) -> Enqueued:
-        held = self._pending.get(digest)
-        if held is not None:
-            first_fingerprint, fut = held
-            result = await asyncio.shield(fut)
-            return idempotent_replay(result.job_id, first_fingerprint, fingerprint)
-        fut = asyncio.get_running_loop().create_future()
-        self._pending[digest] = (fingerprint, fut)
-        try:
-            result = await submit()
-        except BaseException as exc:
-            # A leader that was cancelled (its client went away) answers its waiters "retry": the store
-            # decides whether the job was created, and a retry with the same key gets that answer.
-            fut.set_exception(
-                exc
-                if isinstance(exc, Exception)
-                else StoreUnavailable("the first request with this idempotency key was abandoned; retry")
-            )
-            fut.exception()  # retrieved: waiters (if any) re-raise it; nobody is warned of an orphan
-            raise
-        else:
-            fut.set_result(result)
-            return result
-        finally:
-            del self._pending[digest]
-
-    def __len__(self) -> int:
-        return len(self._pending)
+def _batch(asked: int) -> str:
+    return "" if asked == 1 else f" (a batch of {asked} would pass it)"

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,26 +29,25 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
-from tenure.contracts.errors import IdempotencyConflict, TenureError
+from tenure.contracts.errors import TenureError
 from tenure.contracts.ready import ReadyIndex
 from tenure.contracts.states import JobState
 from tenure.contracts.store import Backends
-from tenure.contracts.types import AgentSpec, ControlOutcome, Enqueued, Job, JobFilter, dumps, idempotent_replay, is_uuid
-from tenure.control.admission import ENVELOPE_DEPTH, Admission, AdmissionLimits, JobRequest, parse_json, shown
-from tenure.control.gate import CircuitOpen, Gate, GateConfig, InFlight, QueueFull
+from tenure.contracts.types import AgentSpec, ControlOutcome, Job, JobFilter, dumps, is_uuid
+from tenure.control.admission import ENVELOPE_DEPTH, Admission, AdmissionLimits, parse_json
+from tenure.control.gate import GateConfig
+from tenure.control.jobs import MAX_WAIT_S, JobsService
+from tenure.control.models import JobSpec, shown, validated
 from tenure.gateway.auth import Auth, Principal
-from tenure.gateway.openapi import openapi_document
+from tenure.gateway.openapi import MAX_EVENTS_PAGE, MAX_LIST, openapi_document
 from tenure.gateway.problems import Problem, from_error
-from tenure.gateway.requests import check_submit_body, int_param, parse_cursor_param, parse_job_id
+from tenure.gateway.requests import int_param, parse_cursor_param, parse_job_id, submit_request
 from tenure.gateway.streams import EventHub
 from tenure.gateway.ws import WsSession
 from tenure.observability import metrics
 from tenure.observability.exposition import metrics_asgi_app
 
 log = logging.getLogger("tenure.gateway")
-
-MAX_LIST = 500
-MAX_WAIT_S = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,14 +94,16 @@ class Gateway:
         on_stop: Callable[[], Awaitable[None]] | None = None,
         ready_index: ReadyIndex | None = None,
     ) -> None:
-        store = backends.jobs
-        self.store = store
+        store = self.store = backends.jobs
         self.config = config or GatewayConfig()
         self.auth = auth or Auth.open()
-        # With a ready index (TENURE_REDIS_URL), a job submitted here is hinted to the workers at once.
-        self.admission = Admission(store, agents, self.config.limits, ready_index=ready_index)
-        self.gate = Gate(store, self.config.gate)
-        self.inflight = InFlight()
+        # The one admission door (the CLI and tenure.connect use the same); with a ready index
+        # (TENURE_REDIS_URL), a job submitted here is hinted to the workers at once.
+        self.admission = Admission(
+            store, agents, self.config.limits, ready_index, gate=self.config.gate, on_gate=self._gate_checked
+        )
+        self.jobs = JobsService(store, self.admission)
+        self._openapi: dict[str, Any] | None = None
         self.hub = EventHub(store, backends.signals, self.config.sse_idle_s)
         self._on_start = on_start
         self._on_stop = on_stop
@@ -193,63 +193,26 @@ class Gateway:
             raise Problem(400, "Missing body", "this endpoint needs a JSON body", "bad-json")
         return parse_json(raw, "the body", max_depth=ENVELOPE_DEPTH)  # InvalidJSON: 400 (problems.from_error)
 
+    def _gate_checked(self, tenant: str, circuit_key: str, circuit_open: bool) -> None:
+        # The caps this gateway admits under, beside the depth the sweeper exports (queue alerts).
+        metrics.QUEUE_CAPACITY.labels(tenant).set(self.config.gate.max_queued_per_tenant)
+        metrics.CIRCUIT_STATE.labels(circuit_key).set(2 if circuit_open else 0)
+
     async def load_job(self, job_id: str, who: Principal) -> Job:
-        job = await self.store.get_job(parse_job_id(job_id), who.tenant)
-        if job is None:
-            raise Problem(404, "Not found", f"no job {job_id}", "not-found")
-        return job
-
-    async def admit(self, req: JobRequest) -> Enqueued:
-        """Validate, check the caps and the circuit, and enqueue once per idempotency key."""
-        job = self.admission.build(req)
-
-        async def submit() -> Enqueued:
-            try:
-                # The caps this gateway admits under, beside the depth the sweeper exports (queue alerts).
-                metrics.QUEUE_CAPACITY.labels(job.tenant).set(self.config.gate.max_queued_per_tenant)
-                await self.gate.check(job.tenant, job.agent)
-                metrics.CIRCUIT_STATE.labels(f"agent:{job.agent}").set(0)
-            except (QueueFull, CircuitOpen) as refused:
-                if isinstance(refused, CircuitOpen):
-                    metrics.CIRCUIT_STATE.labels(f"agent:{job.agent}").set(2)
-                # A replay of a key answers its original job even while the caps or the circuit refuse
-                # new work: the job exists, nothing new is admitted.
-                if job.idem_digest is not None:
-                    found = await self.store.find_idempotent(job.tenant, job.idem_digest)
-                    if found is not None:
-                        try:
-                            return idempotent_replay(*found, job.request_fingerprint)
-                        except IdempotencyConflict as conflict:
-                            raise conflict from None  # the key's answer, not the refusal it stands in for
-                raise
-            (out,) = await self.store.enqueue([job])
-            await self.admission.hint([job], [out])  # wakes a worker through the ready index, if there is one
-            return out
-
-        if job.idem_digest is None:
-            return await submit()
-        return await self.inflight.run(job.idem_digest, job.request_fingerprint, submit)
-
-    async def control(self, who: Principal, job_id: str, kind: str, payload: Any) -> ControlOutcome:
-        jid = str(uuid.UUID(job_id)) if is_uuid(job_id) else None
-        if jid is None:
-            return ControlOutcome.UNKNOWN
-        if kind == "cancel":
-            return await self.store.cancel(jid, who.tenant)
-        return await self.store.send_command(jid, who.tenant, kind, dumps(payload))
+        """The job `job_id` as `who` may see it, else a 404 problem."""
+        return await self.jobs.job(parse_job_id(job_id), who.tenant)
 
     # -- HTTP --------------------------------------------------------------------------------------------------------
     async def submit(self, request: Request) -> Response:
+        """POST /v1/jobs: admit a job through the one door; 201 with the job, 200 for a replayed key."""
         who = self._principal(request)
-        body = await self._body(request)
-        key = request.headers.get("idempotency-key")
-        res = await self.admit(check_submit_body(body, who.submit_tenant, key))
-        job = await self.store.get_job(res.job_id)
-        assert job is not None
-        headers = {"Location": f"/v1/jobs/{res.job_id}"}
-        return JSONResponse(_job_view(job), 201 if res.created else 200, headers=headers)
+        spec = validated(JobSpec, await self._body(request))
+        admitted = await self.jobs.submit(submit_request(spec, who, request.headers.get("idempotency-key")))
+        headers = {"Location": f"/v1/jobs/{admitted.job.id}"}
+        return JSONResponse(_job_view(admitted.job), 201 if admitted.created else 200, headers=headers)
 
     async def list_jobs(self, request: Request) -> Response:
+        """GET /v1/jobs: the caller's jobs, newest first, a page at a time."""
         who = self._principal(request)
         q = request.query_params
         state = None
@@ -265,20 +228,20 @@ class Gateway:
         if agent is not None and "\x00" in agent:  # PostgreSQL text cannot hold it: the store would fail (503)
             raise Problem(400, "Bad parameter", "agent must not contain U+0000 (NUL)", "bad-parameter")
         limit = int_param(request, "limit", 50, 1, MAX_LIST)
-        jobs = await self.store.list_jobs(JobFilter(who.tenant, state, agent, cursor, limit))
+        jobs = await self.jobs.jobs(JobFilter(who.tenant, state, agent, cursor, limit))
         nxt = jobs[-1].id if len(jobs) == limit else None
         return JSONResponse({"jobs": [_job_view(j) for j in jobs], "next_cursor": nxt})
 
     async def get_job(self, request: Request) -> Response:
+        """GET /v1/jobs/{id}: one job."""
         who = self._principal(request)
         return JSONResponse(_job_view(await self.load_job(request.path_params["job_id"], who)))
 
-    async def _control_response(self, request: Request, kind: str, payload: Any) -> Response:
-        who = self._principal(request)
+    async def _control_response(
+        self, request: Request, kind: str, send: Callable[[str, str | None], Awaitable[ControlOutcome]]
+    ) -> Response:
         job_id = request.path_params["job_id"]
-        wait_text = request.query_params.get("wait")
-        wait_s = _float(wait_text, "wait") if wait_text else 0.0  # checked before anything is written
-        outcome = await self.control(who, job_id, kind, payload)
+        outcome = await send(job_id, self._principal(request).tenant)
         if outcome is ControlOutcome.UNKNOWN:
             raise Problem(404, "Not found", f"no job {job_id}", "not-found", outcome=outcome.value)
         if kind != "cancel" and outcome is ControlOutcome.ALREADY_FINISHED:
@@ -289,44 +252,37 @@ class Gateway:
                 "already-finished",
                 outcome=outcome.value,
             )
-        if kind == "cancel" and wait_s and outcome is ControlOutcome.REQUESTED:
-            outcome = await self._await_cancel(who, job_id, wait_s)
         status = 202 if outcome is ControlOutcome.REQUESTED else 200
         return JSONResponse({"job_id": parse_job_id(job_id), "command": kind, "outcome": outcome.value}, status)
 
-    async def _await_cancel(self, who: Principal, job_id: str, wait_s: float) -> ControlOutcome:
-        deadline = asyncio.get_running_loop().time() + min(wait_s, MAX_WAIT_S)
-        while asyncio.get_running_loop().time() < deadline:
-            job = await self.load_job(job_id, who)
-            if job.state.terminal:
-                return ControlOutcome.ACCEPTED if job.state is JobState.CANCELLED else ControlOutcome.ALREADY_FINISHED
-            await asyncio.sleep(0.05)
-        return ControlOutcome.REQUESTED
-
     async def cancel(self, request: Request) -> Response:
-        return await self._control_response(request, "cancel", None)
+        """POST /v1/jobs/{id}/cancel[?wait=]: cancel, or ask the owner to."""
+        self._principal(request)
+        wait_text = request.query_params.get("wait")
+        wait_s = _float(wait_text, "wait") if wait_text else 0.0  # checked before anything is written
+        return await self._control_response(request, "cancel", lambda jid, tenant: self.jobs.cancel(jid, tenant, wait_s))
 
     async def send_input(self, request: Request) -> Response:
+        """POST /v1/jobs/{id}/input: persist an input, then signal the owner."""
         self._principal(request)
         body = await self._body(request)
-        if not isinstance(body, dict) or set(body) != {"input"}:
-            raise Problem(422, "Invalid request", 'the body must be {"input": <any JSON>}', "invalid-request")
-        return await self._control_response(request, "input", body["input"])
+        return await self._control_response(request, "input", lambda jid, tenant: self.jobs.send_input(jid, body, tenant))
 
     async def approve(self, request: Request) -> Response:
+        """POST /v1/jobs/{id}/approve: persist an approval, then signal the owner."""
         self._principal(request)
         body = await self._body(request) if request.headers.get("content-length", "0") != "0" else {}
-        payload = _approval(body)
-        return await self._control_response(request, "approve", payload)
+        return await self._control_response(request, "approve", lambda jid, tenant: self.jobs.approve(jid, body, tenant))
 
     async def events(self, request: Request) -> Response:
+        """GET /v1/jobs/{id}/events: SSE (history, then the live tail) or, with format=json, one page."""
         who = self._principal(request)
         job = await self.load_job(request.path_params["job_id"], who)
         q = request.query_params
         after_text = q.get("after")
         after = parse_cursor_param(after_text, "after") if after_text else None
         if q.get("format") == "json":
-            limit = int_param(request, "limit", 1000, 1, 10000)
+            limit = int_param(request, "limit", 1000, 1, MAX_EVENTS_PAGE)
             events = await self.store.read_events(job.id, after, limit)
             nxt = events[-1].cursor if events else (after_text or None)
             return JSONResponse(
@@ -365,6 +321,7 @@ class Gateway:
         )
 
     async def workers(self, request: Request) -> Response:
+        """GET /v1/workers: the registry (a tenant sees counts of jobs held, the admin their ids)."""
         who = self._principal(request)
         out = []
         for w in await self.store.list_workers():
@@ -375,9 +332,11 @@ class Gateway:
         return JSONResponse({"workers": out})
 
     async def healthz(self, _request: Request) -> Response:
+        """GET /healthz: the process is up."""
         return JSONResponse({"status": "ok"})
 
     async def readyz(self, _request: Request) -> Response:
+        """GET /readyz: the store answers."""
         try:
             await asyncio.wait_for(self.store.server_time(), 2.0)
         except (TenureError, TimeoutError) as exc:
@@ -385,10 +344,14 @@ class Gateway:
         return JSONResponse({"status": "ready", "subscribers": self.hub.subscribers})
 
     async def openapi(self, _request: Request) -> Response:
-        return JSONResponse(openapi_document(sorted(self.admission.agents)))
+        """GET /openapi.json: the document derived from the models (built once per process)."""
+        if self._openapi is None:
+            self._openapi = openapi_document(sorted(self.admission.agents))
+        return JSONResponse(self._openapi)
 
     # -- WebSocket ---------------------------------------------------------------------------------------------------
     async def websocket(self, ws: WebSocket) -> None:
+        """WS /v1/ws: authenticate, then hand the socket to a `WsSession`."""
         token = ws.query_params.get("access_token")
         header = ws.headers.get("authorization") or (f"Bearer {token}" if token else None)
         who = self.auth.authenticate(header)
@@ -396,7 +359,8 @@ class Gateway:
             await ws.close(code=1008, reason="unauthorized")  # before accept: the upgrade is refused (403)
             return
         await ws.accept()
-        await WsSession(self, ws, who).run()
+        cfg = self.config
+        await WsSession(self.jobs, self.hub, ws, who, queue=cfg.ws_queue, max_subscriptions=cfg.ws_max_subscriptions).run()
 
 
 def _float(text: str, name: str) -> float:
@@ -409,19 +373,4 @@ def _float(text: str, name: str) -> float:
     return value
 
 
-def _approval(body: Any) -> dict[str, Any]:
-    if not isinstance(body, dict) or set(body) - {"approved", "comment"}:
-        raise Problem(
-            422,
-            "Invalid request",
-            'the body is {"approved": bool, "comment": str} (both optional)',
-            "invalid-request",
-        )
-    approved = body.get("approved", True)
-    comment = body.get("comment")
-    if not isinstance(approved, bool) or (comment is not None and not isinstance(comment, str)):
-        raise Problem(422, "Invalid request", "approved is a boolean and comment a string", "invalid-request")
-    return {"approved": approved, "comment": comment}
-
-
-__all__ = ["Gateway", "GatewayConfig", "check_submit_body"]
+__all__ = ["Gateway", "GatewayConfig"]

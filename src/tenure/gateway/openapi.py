@@ -1,135 +1,124 @@
-"""The OpenAPI 3.0 document of HTTP API v1 (served at /openapi.json, fuzzed by schemathesis in the tests)."""
+"""The OpenAPI 3.1 document of HTTP API v1 (served at /openapi.json, fuzzed by schemathesis in the tests).
+
+Every body — request and answer — is the JSON Schema of a model of `control.models`, the same models that
+validate the requests: the document cannot say something the gateway does not do. What is written here is only
+what no body model holds: the paths, their parameters and which status each may answer.
+"""
 
 from __future__ import annotations
 
+import copy
+import functools
 from typing import Any
 
-_PROBLEM = {"$ref": "#/components/schemas/Problem"}
+from pydantic import BaseModel
+from pydantic.json_schema import JsonSchemaMode, models_json_schema
+
+from tenure.contracts.states import JobState
+from tenure.control.jobs import MAX_WAIT_S
+from tenure.control.models import (
+    KEY,
+    ApprovalBody,
+    ControlAnswer,
+    EventPage,
+    Health,
+    InputBody,
+    JobList,
+    JobSpec,
+    Problem,
+    WorkerList,
+)
+
+MAX_LIST = 500
+"""The largest page of `GET /v1/jobs`."""
+MAX_EVENTS_PAGE = 10000
+"""The largest page of `GET /v1/jobs/{id}/events?format=json`."""
+
+_REF = "#/components/schemas/{model}"
+_MODELS: list[tuple[type[BaseModel], JsonSchemaMode]] = [
+    (JobSpec, "validation"),
+    (InputBody, "validation"),
+    (ApprovalBody, "validation"),
+    (JobList, "serialization"),
+    (EventPage, "serialization"),
+    (ControlAnswer, "serialization"),
+    (WorkerList, "serialization"),
+    (Health, "serialization"),
+    (Problem, "serialization"),
+]
+
+
+@functools.cache
+def _model_schemas() -> dict[str, Any]:
+    _, top = models_json_schema(_MODELS, ref_template=_REF)
+    schemas: dict[str, Any] = top["$defs"]
+    return schemas
+
+
+def _schemas() -> dict[str, Any]:
+    return copy.deepcopy(_model_schemas())  # each document adds its agents: the cached schemas stay as derived
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": _REF.format(model=name)}
 
 
 def _problem(desc: str) -> dict[str, Any]:
-    return {"description": desc, "content": {"application/problem+json": {"schema": _PROBLEM}}}
+    return {"description": desc, "content": {"application/problem+json": {"schema": _ref("Problem")}}}
 
 
-def _json(desc: str, schema: dict[str, Any]) -> dict[str, Any]:
-    return {"description": desc, "content": {"application/json": {"schema": schema}}}
+def _json(desc: str, schema: str) -> dict[str, Any]:
+    return {"description": desc, "content": {"application/json": {"schema": _ref(schema)}}}
+
+
+def _body(schema: str, *, required: bool = True) -> dict[str, Any]:
+    return {"required": required, "content": {"application/json": {"schema": _ref(schema)}}}
+
+
+def _query(name: str, schema: dict[str, Any], *, required: bool = False) -> dict[str, Any]:
+    return {"name": name, "in": "query", "required": required, "schema": schema}
 
 
 _JOB_ID = {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string", "format": "uuid"}}
-_CONTROL = {"$ref": "#/components/schemas/ControlAnswer"}
+_CURSOR = {"type": "string", "pattern": "^[0-9]+-[0-9]+$"}
 _COMMON = {"401": _problem("no valid API key"), "404": _problem("no such job (or another tenant's)")}
 # Every body is read by admission's parse_json (docs/http-api.md, "What JSON is accepted").
 _BAD_JSON = _problem("JSON not accepted: malformed, NaN/Infinity, a lone surrogate, U+0000, or nested over 64 levels")
+_COMMAND = {
+    "202": _json("persisted and delivered to the owner", "ControlAnswer"),
+    "400": _BAD_JSON,
+    "409": _problem("the job is finished"),
+    "413": _problem("body too large"),
+    "422": _problem("invalid body"),
+    **_COMMON,
+}
 
 
 def openapi_document(agents: list[str]) -> dict[str, Any]:
     """The document; `agents` (those this gateway admits) are the enum of a job request's `agent`."""
-    job = {"$ref": "#/components/schemas/Job"}
+    schemas = _schemas()
+    agent = schemas["JobSpec"]["properties"]["agent"]
+    agent["enum"] = agents or [""]
+    schemas["JobSpec"]["description"] += " Registered agents: " + (", ".join(agents) or "none")
+    idempotency_key = {"name": "Idempotency-Key", "in": "header", "required": False, "schema": KEY.json_schema()}
     return {
-        "openapi": "3.0.3",
+        "openapi": "3.1.0",
         "info": {
             "title": "Tenure gateway",
             "version": "1",
             "description": "Durable AI-agent jobs over HTTP, SSE and WebSocket (WS /v1/ws, see docs).",
         },
-        "components": {
-            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
-            "schemas": {
-                "Problem": {
-                    "type": "object",
-                    "required": ["type", "title", "status", "detail"],
-                    "properties": {
-                        "type": {"type": "string"},
-                        "title": {"type": "string"},
-                        "status": {"type": "integer"},
-                        "detail": {"type": "string"},
-                    },
-                },
-                "JobRequest": {
-                    "type": "object",
-                    "required": ["agent"],
-                    "additionalProperties": False,
-                    "description": "Registered agents: " + (", ".join(agents) or "none"),
-                    "properties": {
-                        "agent": {"type": "string", "enum": agents or [""]},
-                        "input": {},
-                        "priority": {"type": "integer", "minimum": 0, "maximum": 100, "nullable": True},
-                        "requires": {
-                            "type": "array",
-                            "items": {"type": "string", "pattern": "^[A-Za-z0-9_.:/-]{1,64}$"},
-                        },
-                        "deadline_s": {
-                            "type": "number",
-                            "exclusiveMinimum": True,
-                            "minimum": 0,
-                            "maximum": 604800,
-                            "nullable": True,
-                        },
-                        "max_attempts": {"type": "integer", "minimum": 1, "maximum": 100, "nullable": True},
-                    },
-                },
-                "Job": {
-                    "type": "object",
-                    "required": ["id", "agent", "state", "epoch"],
-                    "properties": {
-                        "id": {"type": "string"},
-                        "tenant": {"type": "string"},
-                        "agent": {"type": "string"},
-                        "state": {"type": "string"},
-                        "epoch": {"type": "integer"},
-                    },
-                },
-                "JobList": {
-                    "type": "object",
-                    "required": ["jobs", "next_cursor"],
-                    "properties": {
-                        "jobs": {"type": "array", "items": job},
-                        "next_cursor": {"type": "string", "nullable": True},
-                    },
-                },
-                "Event": {
-                    "type": "object",
-                    "required": ["id", "epoch", "seq", "type"],
-                    "properties": {
-                        "id": {"type": "string"},
-                        "epoch": {"type": "integer"},
-                        "seq": {"type": "integer"},
-                        "type": {"type": "string"},
-                        "payload": {},
-                        "ts": {"type": "number"},
-                    },
-                },
-                "ControlAnswer": {
-                    "type": "object",
-                    "required": ["job_id", "outcome"],
-                    "properties": {
-                        "job_id": {"type": "string"},
-                        "command": {"type": "string"},
-                        "outcome": {"type": "string", "enum": ["requested", "accepted", "already_finished"]},
-                    },
-                },
-            },
-        },
+        "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}, "schemas": schemas},
         "security": [{"bearer": []}],
         "paths": {
             "/v1/jobs": {
                 "post": {
                     "operationId": "submitJob",
-                    "parameters": [
-                        {
-                            "name": "Idempotency-Key",
-                            "in": "header",
-                            "required": False,
-                            "schema": {"type": "string", "minLength": 1, "maxLength": 255},
-                        }
-                    ],
-                    "requestBody": {
-                        "required": True,
-                        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/JobRequest"}}},
-                    },
+                    "parameters": [idempotency_key],
+                    "requestBody": _body("JobSpec"),
                     "responses": {
-                        "201": _json("created", job),
-                        "200": _json("the original job of a replayed key", job),
+                        "201": _json("created", "Job"),
+                        "200": _json("the original job of a replayed key", "Job"),
                         "400": _BAD_JSON,
                         "401": _problem("no valid API key"),
                         "409": _problem("idempotency key reused with another request"),
@@ -142,35 +131,13 @@ def openapi_document(agents: list[str]) -> dict[str, Any]:
                 "get": {
                     "operationId": "listJobs",
                     "parameters": [
-                        {
-                            "name": "state",
-                            "in": "query",
-                            "schema": {
-                                "type": "string",
-                                "enum": [
-                                    "queued",
-                                    "scheduled",
-                                    "running",
-                                    "waiting",
-                                    "succeeded",
-                                    "failed",
-                                    "cancelled",
-                                    "lost",
-                                    "expired",
-                                    "dead",
-                                ],
-                            },
-                        },
-                        {"name": "agent", "in": "query", "schema": {"type": "string"}},
-                        {
-                            "name": "limit",
-                            "in": "query",
-                            "schema": {"type": "integer", "minimum": 1, "maximum": 500},
-                        },
-                        {"name": "cursor", "in": "query", "schema": {"type": "string", "format": "uuid"}},
+                        _query("state", {"type": "string", "enum": [s.value for s in JobState]}),
+                        _query("agent", {"type": "string"}),
+                        _query("limit", {"type": "integer", "minimum": 1, "maximum": MAX_LIST}),
+                        _query("cursor", {"type": "string", "format": "uuid"}),
                     ],
                     "responses": {
-                        "200": _json("jobs, newest first", {"$ref": "#/components/schemas/JobList"}),
+                        "200": _json("jobs, newest first", "JobList"),
                         "400": _problem("bad parameter"),
                         "401": _problem("no valid API key"),
                     },
@@ -180,23 +147,16 @@ def openapi_document(agents: list[str]) -> dict[str, Any]:
                 "get": {
                     "operationId": "getJob",
                     "parameters": [_JOB_ID],
-                    "responses": {"200": _json("the job", job), **_COMMON},
+                    "responses": {"200": _json("the job", "Job"), **_COMMON},
                 }
             },
             "/v1/jobs/{job_id}/cancel": {
                 "post": {
                     "operationId": "cancelJob",
-                    "parameters": [
-                        _JOB_ID,
-                        {
-                            "name": "wait",
-                            "in": "query",
-                            "schema": {"type": "number", "minimum": 0, "maximum": 30},
-                        },
-                    ],
+                    "parameters": [_JOB_ID, _query("wait", {"type": "number", "minimum": 0, "maximum": MAX_WAIT_S})],
                     "responses": {
-                        "200": _json("accepted or already finished", _CONTROL),
-                        "202": _json("requested: the owner will act on it", _CONTROL),
+                        "200": _json("accepted or already finished", "ControlAnswer"),
+                        "202": _json("requested: the owner will act on it", "ControlAnswer"),
                         "400": _problem("bad parameter"),
                         **_COMMON,
                     },
@@ -206,56 +166,16 @@ def openapi_document(agents: list[str]) -> dict[str, Any]:
                 "post": {
                     "operationId": "sendInput",
                     "parameters": [_JOB_ID],
-                    "requestBody": {
-                        "required": True,
-                        "content": {
-                            "application/json": {
-                                "schema": {
-                                    "type": "object",
-                                    "required": ["input"],
-                                    "additionalProperties": False,
-                                    "properties": {"input": {}},
-                                }
-                            }
-                        },
-                    },
-                    "responses": {
-                        "202": _json("persisted and delivered to the owner", _CONTROL),
-                        "400": _BAD_JSON,
-                        "409": _problem("the job is finished"),
-                        "413": _problem("body too large"),
-                        "422": _problem("invalid body"),
-                        **_COMMON,
-                    },
+                    "requestBody": _body("InputBody"),
+                    "responses": _COMMAND,
                 }
             },
             "/v1/jobs/{job_id}/approve": {
                 "post": {
                     "operationId": "approveJob",
                     "parameters": [_JOB_ID],
-                    "requestBody": {
-                        "required": False,
-                        "content": {
-                            "application/json": {
-                                "schema": {
-                                    "type": "object",
-                                    "additionalProperties": False,
-                                    "properties": {
-                                        "approved": {"type": "boolean"},
-                                        "comment": {"type": "string"},
-                                    },
-                                }
-                            }
-                        },
-                    },
-                    "responses": {
-                        "202": _json("persisted and delivered to the owner", _CONTROL),
-                        "400": _BAD_JSON,
-                        "409": _problem("the job is finished"),
-                        "413": _problem("body too large"),
-                        "422": _problem("invalid body"),
-                        **_COMMON,
-                    },
+                    "requestBody": _body("ApprovalBody", required=False),
+                    "responses": _COMMAND,
                 }
             },
             "/v1/jobs/{job_id}/events": {
@@ -266,37 +186,12 @@ def openapi_document(agents: list[str]) -> dict[str, Any]:
                     "(a reconnect at or past the terminal event) is answered 204: stop reconnecting.",
                     "parameters": [
                         _JOB_ID,
-                        {
-                            "name": "format",
-                            "in": "query",
-                            "schema": {"type": "string", "enum": ["json"]},
-                            "required": True,
-                        },
-                        {
-                            "name": "after",
-                            "in": "query",
-                            "schema": {"type": "string", "pattern": "^[0-9]+-[0-9]+$"},
-                        },
-                        {
-                            "name": "limit",
-                            "in": "query",
-                            "schema": {"type": "integer", "minimum": 1, "maximum": 10000},
-                        },
+                        _query("format", {"type": "string", "enum": ["json"]}, required=True),
+                        _query("after", _CURSOR),
+                        _query("limit", {"type": "integer", "minimum": 1, "maximum": MAX_EVENTS_PAGE}),
                     ],
                     "responses": {
-                        "200": _json(
-                            "a page of history",
-                            {
-                                "type": "object",
-                                "properties": {
-                                    "events": {
-                                        "type": "array",
-                                        "items": {"$ref": "#/components/schemas/Event"},
-                                    },
-                                    "next": {"type": "string", "nullable": True},
-                                },
-                            },
-                        ),
+                        "200": _json("a page of history", "EventPage"),
                         "204": {"description": "SSE only: the job is finished and nothing follows the cursor"},
                         "400": _problem("bad cursor (two integers from 0 to 2^63-1) or parameter"),
                         **_COMMON,
@@ -306,25 +201,16 @@ def openapi_document(agents: list[str]) -> dict[str, Any]:
             "/v1/workers": {
                 "get": {
                     "operationId": "listWorkers",
-                    "responses": {
-                        "200": _json("the registry", {"type": "object"}),
-                        "401": _problem("no valid API key"),
-                    },
+                    "responses": {"200": _json("the registry", "WorkerList"), "401": _problem("no valid API key")},
                 }
             },
-            "/healthz": {
-                "get": {
-                    "operationId": "healthz",
-                    "security": [],
-                    "responses": {"200": _json("alive", {"type": "object"})},
-                }
-            },
+            "/healthz": {"get": {"operationId": "healthz", "security": [], "responses": {"200": _json("alive", "Health")}}},
             "/readyz": {
                 "get": {
                     "operationId": "readyz",
                     "security": [],
                     "responses": {
-                        "200": _json("the store answers", {"type": "object"}),
+                        "200": _json("the store answers", "Health"),
                         "503": _problem("the store does not answer"),
                     },
                 }

@@ -1,18 +1,18 @@
-"""Request parsing shared by the HTTP routes and the WebSocket session: ids, cursors, parameters, submit bodies."""
+"""Request parsing shared by the HTTP routes and the WebSocket session: ids, cursors, parameters, and the
+`JobRequest` of a validated submit (bodies themselves are validated by the models of `control.models`)."""
 
 from __future__ import annotations
 
 import re
 import uuid
-from typing import Any
 
 from starlette.requests import Request
 
-from tenure.contracts.errors import InvalidRequest
-from tenure.control.admission import JobRequest, is_finite_number, shown
+from tenure.control.admission import JobRequest
+from tenure.control.models import JobSpec, shown
+from tenure.gateway.auth import Principal
 from tenure.gateway.problems import Problem
 
-SUBMIT_FIELDS = {"agent", "input", "priority", "requires", "deadline_s", "max_attempts"}
 MAX_CURSOR_PART = 2**63 - 1  # epochs and seqs are 64-bit integers in both stores
 # ASCII digits only (str.isdigit also takes "²" and "٣"), and few enough that int() stays cheap.
 _CURSOR = re.compile(r"([0-9]{1,19})-([0-9]{1,19})")
@@ -56,38 +56,15 @@ def int_param(request: Request, name: str, default: int, lo: int, hi: int) -> in
     return value
 
 
-def check_submit_body(body: Any, tenant: str, key: str | None) -> JobRequest:
-    """Type-check a submit body (HTTP or WebSocket) into a `JobRequest`; the admission validates the rest."""
-    if not isinstance(body, dict):
-        raise InvalidRequest("the request body must be a JSON object")
-    unknown = set(body) - SUBMIT_FIELDS
-    if unknown:
-        names = ", ".join(shown(u, 40) for u in sorted(unknown)[:5])  # a body may hold a megabyte of names
-        if len(unknown) > 5:
-            names += f" and {len(unknown) - 5} more"
-        raise InvalidRequest(f"unknown fields: {names} (allowed: {', '.join(sorted(SUBMIT_FIELDS))})")
-    agent = body.get("agent")
-    if not isinstance(agent, str) or not agent:
-        raise InvalidRequest("agent is required: the name of a registered agent")
-    for name in ("priority", "max_attempts"):
-        v = body.get(name)
-        if v is not None and (not isinstance(v, int) or isinstance(v, bool)):
-            raise InvalidRequest(f"{name} must be an integer, not {shown(v)}")
-    deadline = body.get("deadline_s")
-    if deadline is not None and not is_finite_number(deadline):
-        raise InvalidRequest(f"deadline_s must be a number of seconds, not {shown(deadline)}")
-    requires = body.get("requires", [])
-    if requires is None:
-        requires = []
-    if not isinstance(requires, list) or not all(isinstance(t, str) for t in requires):
-        raise InvalidRequest("requires must be a list of capability tags")
+def submit_request(spec: JobSpec, who: Principal, key: str | None) -> JobRequest:
+    """The `JobRequest` of a validated submit (an HTTP body or a WebSocket frame), as `who` submits it."""
     return JobRequest(
-        agent,
-        body.get("input"),
-        body.get("priority"),
-        requires,
-        deadline,
-        body.get("max_attempts"),
+        spec.agent,
+        spec.input,
+        spec.priority,
+        spec.requires or (),
+        spec.deadline_s,
+        spec.max_attempts,
         key,
-        tenant,
+        who.submit_tenant,
     )

@@ -18,19 +18,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from starlette.websockets import WebSocket
 
-from tenure.contracts.errors import InvalidRequest, TenureError
+from tenure.contracts.errors import TenureError
 from tenure.contracts.types import ControlOutcome, dumps
-from tenure.control.admission import ENVELOPE_DEPTH, InvalidJSON, parse_json, shown
+from tenure.control.admission import ENVELOPE_DEPTH, InvalidJSON, parse_json
+from tenure.control.jobs import JobsService
+from tenure.control.models import SubmitFrame, shown, validated
 from tenure.gateway.auth import Principal
 from tenure.gateway.problems import Problem, from_error
-from tenure.gateway.requests import check_submit_body, parse_cursor_param
-
-if TYPE_CHECKING:
-    from tenure.gateway.app import Gateway
+from tenure.gateway.requests import parse_cursor_param, parse_job_id, submit_request
+from tenure.gateway.streams import EventHub
 
 log = logging.getLogger("tenure.gateway.ws")
 
@@ -42,11 +42,22 @@ class SlowConsumer(Exception):
 class WsSession:
     """The state of one socket: its outgoing queue and its subscriptions."""
 
-    def __init__(self, gateway: Gateway, ws: WebSocket, who: Principal) -> None:
-        self.gw = gateway
+    def __init__(
+        self,
+        jobs: JobsService,
+        hub: EventHub,
+        ws: WebSocket,
+        who: Principal,
+        *,
+        queue: int = 1000,
+        max_subscriptions: int = 100,
+    ) -> None:
+        self.jobs = jobs
+        self.hub = hub
         self.ws = ws
         self.who = who
-        self.out: asyncio.Queue[str] = asyncio.Queue(gateway.config.ws_queue)
+        self.max_subscriptions = max_subscriptions
+        self.out: asyncio.Queue[str] = asyncio.Queue(queue)
         self.subs: dict[str, asyncio.Task[None]] = {}
         self.done = asyncio.Event()
         self.close_code: int | None = None
@@ -54,6 +65,7 @@ class WsSession:
         self._tg: asyncio.TaskGroup | None = None
 
     def send(self, frame: dict[str, Any]) -> None:
+        """Queue a frame for the client; a full queue closes the socket as a slow consumer."""
         try:
             self.out.put_nowait(dumps(frame))
         except asyncio.QueueFull:
@@ -66,11 +78,13 @@ class WsSession:
             self.finish(1008, "slow consumer: the client is not reading its frames")
 
     def finish(self, code: int | None = None, reason: str = "") -> None:
+        """End the session (with a close code the first time one is given)."""
         if code is not None and self.close_code is None:
             self.close_code, self.close_reason = code, reason
         self.done.set()
 
     async def run(self) -> None:
+        """Serve the socket until the client leaves or the session is finished."""
         async with asyncio.TaskGroup() as tg:
             self._tg = tg
             sender = tg.create_task(self._send_loop(), name="ws-send")
@@ -149,17 +163,15 @@ class WsSession:
             job_id = frame.get("job_id")
             if not isinstance(job_id, str):
                 raise Problem(400, "Bad frame", "job_id is required", "bad-frame")
-            payload: Any = None
-            if op == "input":
-                if "input" not in frame:
-                    raise Problem(400, "Bad frame", "input is required", "bad-frame")
-                payload = frame["input"]
-            elif op == "approve":
-                approved = frame.get("approved", True)
-                if not isinstance(approved, bool):
-                    raise Problem(400, "Bad frame", "approved is a boolean", "bad-frame")
-                payload = {"approved": approved, "comment": frame.get("comment")}
-            outcome = await self.gw.control(self.who, job_id, op, payload)
+            # The body of the HTTP route, validated by the same model (`{"input": ...}`, `{"approved", "comment"}`).
+            body = {k: v for k, v in frame.items() if k not in ("op", "ref", "job_id")}
+            tenant = self.who.tenant
+            if op == "cancel":
+                outcome = await self.jobs.cancel(job_id, tenant)
+            elif op == "input":
+                outcome = await self.jobs.send_input(job_id, body, tenant)
+            else:
+                outcome = await self.jobs.approve(job_id, body, tenant)
             if outcome is ControlOutcome.UNKNOWN:
                 raise Problem(404, "Not found", f"no job {job_id}", "not-found", outcome=outcome.value)
             self.send({"op": op, "ref": ref, "job_id": job_id, "outcome": outcome.value})
@@ -170,20 +182,15 @@ class WsSession:
         job_id = frame.get("job_id")
         if not isinstance(job_id, str):
             raise Problem(400, "Bad frame", "job_id is required", "bad-frame")
-        job = await self.gw.load_job(job_id, self.who)
+        job = await self.jobs.job(parse_job_id(job_id), self.who.tenant)
         return job.id
 
     async def _submit(self, frame: dict[str, Any], ref: Any) -> None:
-        body = {k: v for k, v in frame.items() if k not in ("op", "ref", "idempotency_key", "subscribe")}
-        key = frame.get("idempotency_key")
-        if key is not None and not isinstance(key, str):
-            raise InvalidRequest("idempotency_key must be a string")
-        res = await self.gw.admit(check_submit_body(body, self.who.submit_tenant, key))
-        job = await self.gw.store.get_job(res.job_id)
-        assert job is not None
-        self.send({"op": "submitted", "ref": ref, "created": res.created, "job": job.to_dict()})
-        if frame.get("subscribe"):
-            self._subscribe(job.id, None, ref)
+        spec = validated(SubmitFrame, frame, "a frame")
+        admitted = await self.jobs.submit(submit_request(spec, self.who, spec.idempotency_key))
+        self.send({"op": "submitted", "ref": ref, "created": admitted.created, "job": admitted.job.to_dict()})
+        if spec.subscribe:
+            self._subscribe(admitted.job.id, None, ref)
 
     def _subscribe(self, job_id: str, after: Any, ref: Any) -> None:
         cursor = None
@@ -193,10 +200,10 @@ class WsSession:
             cursor = parse_cursor_param(after, "after")
         if job_id in self.subs:
             self.subs.pop(job_id).cancel()
-        if len(self.subs) >= self.gw.config.ws_max_subscriptions:
+        if len(self.subs) >= self.max_subscriptions:
             raise Problem(429, "Too many subscriptions", "unsubscribe from a job first", "too-many-subscriptions")
         assert self._tg is not None
-        sub = self.gw.hub.subscribe(job_id, cursor)
+        sub = self.hub.subscribe(job_id, cursor)
         self.send({"op": "subscribed", "ref": ref, "job_id": job_id})
 
         async def pump() -> None:

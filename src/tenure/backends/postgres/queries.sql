@@ -3,6 +3,7 @@
 
 -- name: enqueue_jobs --
 -- Insert a batch of jobs, skipping any whose (tenant, idempotency digest) exists; one NOTIFY if any row was new.
+-- Answers the rows as inserted (the columns of `get_job`), so admission answers without reading them again.
 -- When a row was inserted, the statement's transaction commits without waiting for its WAL flush
 -- (synchronous_commit off, set for this transaction only): the jobs and the NOTIFY are visible to workers one
 -- fsync sooner. The caller then runs `flush_barrier` before it reports the jobs as accepted; see there.
@@ -17,12 +18,22 @@ WITH ins AS (
            AS x(id, tenant, agent, input, priority, requires, idem_digest, fingerprint, deadline_s,
                 max_attempts, timeout_s, retry_safe)
     ON CONFLICT (tenant, idem_digest) WHERE idem_digest IS NOT NULL DO NOTHING
-    RETURNING id
+    RETURNING id::text, tenant, agent, input::text, priority, requires, state, owner, epoch, execution_id::text,
+              attempts, max_attempts, timeout_s, retry_safe, result::text, error_code, error_message,
+              extract(epoch FROM created_at)::float8 AS created_at,
+              extract(epoch FROM updated_at)::float8 AS updated_at,
+              extract(epoch FROM claimed_at)::float8 AS claimed_at,
+              extract(epoch FROM claim_expires_at)::float8 AS claim_expires_at,
+              extract(epoch FROM execution_started_at)::float8 AS execution_started_at,
+              extract(epoch FROM next_attempt_at)::float8 AS next_attempt_at,
+              extract(epoch FROM deadline)::float8 AS deadline,
+              extract(epoch FROM cancel_requested_at)::float8 AS cancel_requested_at,
+              extract(epoch FROM finished_at)::float8 AS finished_at
 ), wake AS (
     SELECT pg_notify('tenure_jobs', ''), set_config('synchronous_commit', 'off', true)
       FROM (SELECT 1 FROM ins LIMIT 1) AS one
 )
-SELECT id::text, (SELECT count(*) FROM wake) AS woke FROM ins
+SELECT ins.*, (SELECT count(*) FROM wake) AS woke FROM ins
 
 -- name: flush_barrier --
 -- A transaction that writes one WAL record (a transactional logical message, prefix `tenure`, empty body; no
@@ -33,6 +44,23 @@ SELECT id::text, (SELECT count(*) FROM wake) AS woke FROM ins
 -- is durable; a job that was only seen (committed, not yet flushed) cannot outlive a crash in anything durable
 -- either: the start that runs it commits durably after the insert, and so flushes the insert too.
 SELECT pg_logical_emit_message(true, 'tenure', '')::text
+
+-- name: jobs_by_idem --
+-- The existing jobs of one tenant with these idempotency digests, whole (the columns of `get_job`), with their
+-- digests and request fingerprints: the answer an enqueue gives a replayed key.
+SELECT id::text, tenant, agent, input::text, priority, requires, state, owner, epoch, execution_id::text,
+       attempts, max_attempts, timeout_s, retry_safe, result::text, error_code, error_message,
+       extract(epoch FROM created_at)::float8 AS created_at,
+       extract(epoch FROM updated_at)::float8 AS updated_at,
+       extract(epoch FROM claimed_at)::float8 AS claimed_at,
+       extract(epoch FROM claim_expires_at)::float8 AS claim_expires_at,
+       extract(epoch FROM execution_started_at)::float8 AS execution_started_at,
+       extract(epoch FROM next_attempt_at)::float8 AS next_attempt_at,
+       extract(epoch FROM deadline)::float8 AS deadline,
+       extract(epoch FROM cancel_requested_at)::float8 AS cancel_requested_at,
+       extract(epoch FROM finished_at)::float8 AS finished_at,
+       idem_digest, request_fingerprint
+  FROM jobs WHERE tenant = $1 AND idem_digest = ANY($2::bytea[])
 
 -- name: find_by_idem --
 -- The existing jobs of one tenant with these idempotency digests (the answer to a replayed key).
@@ -509,6 +537,15 @@ SELECT 'scheduled', '', count(*) FROM jobs WHERE state = 'scheduled'
 -- name: notify_events_of --
 -- Tell live subscribers that these jobs' histories grew (writers outside the execution: sweeper, cancel).
 SELECT tenure_notify_events(NULL, $1::text[])
+
+-- name: admission_state --
+-- What admission's gate reads, in one statement: jobs waiting to start (all tenants, and tenant $1), and the
+-- failures of circuit $2 within the last $3 seconds with the latest one, on the server's clock.
+SELECT q.total, q.mine, c.failures, c.latest, extract(epoch FROM now())::float8 AS now
+  FROM (SELECT count(*) AS total, count(*) FILTER (WHERE tenant = $1) AS mine
+          FROM jobs WHERE state IN ('queued', 'scheduled')) AS q,
+       (SELECT count(*) AS failures, extract(epoch FROM max(ts))::float8 AS latest
+          FROM circuit_failures WHERE key = $2 AND ts > now() - make_interval(secs => $3)) AS c
 
 -- name: queue_depth --
 -- Jobs waiting to start (queued or scheduled): all tenants, and one tenant.

@@ -26,6 +26,7 @@ from tenure.contracts.errors import IllegalTransition, NotFound, StoreUnavailabl
 from tenure.contracts.states import REQUEUEABLE, JobState, WorkerState
 from tenure.contracts.store import JobStore
 from tenure.contracts.types import (
+    AdmissionState,
     CircuitState,
     Claim,
     Command,
@@ -45,7 +46,7 @@ from tenure.contracts.types import (
     Started,
     SweepReport,
     WorkerInfo,
-    idempotent_replay,
+    check_replay,
     is_uuid,
     new_id,
     new_token,
@@ -150,30 +151,33 @@ class PostgresStore:
             return []
         async with self._db.pooled("enqueue") as conn:
             rows = await conn.fetch(Q["enqueue_jobs"], *_batches.jobs(jobs))
-            created = {r["id"] for r in rows}
+            created = {r["id"]: _rows.job(r) for r in rows}
             missing = [j for j in jobs if j.id not in created]
-            existing: dict[tuple[str, bytes], tuple[str, bytes]] = {}
+            existing: dict[tuple[str, bytes], tuple[Job, bytes]] = {}
             if missing:
                 by_tenant: dict[str, list[bytes]] = {}
                 for j in missing:
                     assert j.idem_digest is not None  # only a key conflict skips a row
                     by_tenant.setdefault(j.tenant, []).append(j.idem_digest)
                 for tenant, digests in by_tenant.items():
-                    for r in await conn.fetch(Q["find_by_idem"], tenant, digests):
-                        existing[(tenant, bytes(r["idem_digest"]))] = (r["id"], bytes(r["request_fingerprint"]))
+                    for r in await conn.fetch(Q["jobs_by_idem"], tenant, digests):
+                        existing[(tenant, bytes(r["idem_digest"]))] = (_rows.job(r), bytes(r["request_fingerprint"]))
             # The insert committed without waiting for its flush; nothing is accepted until it is durable. This
             # also covers a replayed key whose original commit this session saw before it was flushed.
             await conn.fetchval(Q["flush_barrier"])
         out: list[Enqueued] = []
         for j in jobs:
-            if j.id in created:
-                out.append(Enqueued(j.id, True))
+            job = created.get(j.id)
+            if job is not None:
+                out.append(Enqueued(job, True))
                 continue
             assert j.idem_digest is not None
             found = existing.get((j.tenant, j.idem_digest))
             if found is None:  # the conflicting insert rolled back between our two statements: rare
                 raise StoreUnavailable("idempotency key race: the original request rolled back; retry")
-            out.append(idempotent_replay(*found, j.request_fingerprint))
+            job, fingerprint = found
+            check_replay(job.id, fingerprint, j.request_fingerprint)
+            out.append(Enqueued(job, False))
         return out
 
     async def get_job(self, job_id: str, tenant: str | None = None) -> Job | None:
@@ -409,7 +413,15 @@ class PostgresStore:
     async def circuit_state(self, key: str, threshold: int, window_s: float, open_s: float) -> CircuitState:
         async with self._db.pooled("circuit_state") as conn:
             row = await conn.fetchrow(Q["circuit_window"], key, window_s)
-        return _rules.circuit_state(row["failures"], row["latest"], row["now"], threshold, open_s)
+        return CircuitState.from_window(row["failures"], row["latest"], row["now"], threshold, open_s)
+
+    async def admission_state(
+        self, tenant: str, circuit_key: str, threshold: int, window_s: float, open_s: float
+    ) -> AdmissionState:
+        async with self._db.pooled("admission_state") as conn:
+            row = await conn.fetchrow(Q["admission_state"], tenant, circuit_key, window_s)
+        circuit = CircuitState.from_window(row["failures"], row["latest"], row["now"], threshold, open_s)
+        return AdmissionState(int(row["total"]), int(row["mine"]), circuit)
 
     async def cancel(self, job_id: str, tenant: str | None = None) -> ControlOutcome:
         if not is_uuid(job_id):

@@ -3,11 +3,24 @@
 -- `{now}` is replaced at load time by SQLite's clock in epoch seconds.
 
 -- name: insert_job --
--- Insert one job unless its (tenant, idempotency digest) exists.
+-- Insert one job unless its (tenant, idempotency digest) exists; answers the row as inserted (the columns of
+-- `get_job`), or nothing when the key existed.
 INSERT INTO jobs (id, tenant, agent, input, priority, requires, idem_digest, request_fingerprint, deadline,
                   max_attempts, timeout_s, retry_safe, created_at, updated_at)
 VALUES (?, ?, ?, ?, ?, ?, ?, ?, {now} + ?, ?, ?, ?, {now}, {now})
 ON CONFLICT (tenant, idem_digest) WHERE idem_digest IS NOT NULL DO NOTHING
+RETURNING id, tenant, agent, input, priority, requires, state, owner, epoch, execution_id, attempts, max_attempts,
+          timeout_s, retry_safe, result, error_code, error_message, created_at, updated_at, claimed_at,
+          claim_expires_at, execution_started_at, next_attempt_at, deadline, cancel_requested_at, finished_at
+
+-- name: jobs_by_idem --
+-- The existing job of a tenant with this idempotency digest, whole (the columns of `get_job`), with its digest
+-- and request fingerprint: the answer an enqueue gives a replayed key.
+SELECT id, tenant, agent, input, priority, requires, state, owner, epoch, execution_id, attempts, max_attempts,
+       timeout_s, retry_safe, result, error_code, error_message, created_at, updated_at, claimed_at,
+       claim_expires_at, execution_started_at, next_attempt_at, deadline, cancel_requested_at, finished_at,
+       idem_digest, request_fingerprint
+  FROM jobs WHERE tenant = ? AND idem_digest = ?
 
 -- name: find_by_idem --
 -- The existing job of a tenant with this idempotency digest.
@@ -256,6 +269,15 @@ UNION ALL
 SELECT state, '', count(*) FROM jobs WHERE owner IS NOT NULL GROUP BY state
 UNION ALL
 SELECT 'scheduled', '', count(*) FROM jobs WHERE state = 'scheduled'
+
+-- name: admission_state --
+-- What admission's gate reads, in one statement: jobs waiting to start (all tenants, and tenant ?1), and the
+-- failures of circuit ?2 within the last ?3 seconds with the latest one, on the store's clock.
+SELECT q.total, q.mine, c.failures, c.latest, {now} AS now
+  FROM (SELECT count(*) AS total, coalesce(sum(tenant = ?1), 0) AS mine
+          FROM jobs WHERE state IN ('queued', 'scheduled')) AS q,
+       (SELECT count(*) AS failures, max(ts) AS latest
+          FROM circuit_failures WHERE key = ?2 AND ts > {now} - ?3) AS c
 
 -- name: queue_depth --
 -- Jobs waiting to start (queued or scheduled): all tenants, and one tenant.

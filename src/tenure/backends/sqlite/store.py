@@ -21,6 +21,7 @@ from tenure.contracts.errors import IllegalTransition, NotFound
 from tenure.contracts.states import REQUEUEABLE, JobState, WorkerState
 from tenure.contracts.store import JobStore, OffloadStats
 from tenure.contracts.types import (
+    AdmissionState,
     CircuitState,
     Claim,
     Command,
@@ -40,7 +41,7 @@ from tenure.contracts.types import (
     Started,
     SweepReport,
     WorkerInfo,
-    idempotent_replay,
+    check_replay,
     new_token,
 )
 
@@ -151,11 +152,13 @@ class SqliteStore:
                         int(j.retry_safe),
                     ),
                 )
-                if cur.rowcount == 1:
-                    out.append(Enqueued(j.id, True))
+                row = cur.fetchone()
+                if row is not None:
+                    out.append(Enqueued(_rows.job(row, _rows.comma_list), True))
                     continue
-                found = db.execute(Q["find_by_idem"], (j.tenant, j.idem_digest)).fetchone()
-                out.append(idempotent_replay(found["id"], found["request_fingerprint"], j.request_fingerprint))
+                found = db.execute(Q["jobs_by_idem"], (j.tenant, j.idem_digest)).fetchone()
+                check_replay(found["id"], found["request_fingerprint"], j.request_fingerprint)
+                out.append(Enqueued(_rows.job(found, _rows.comma_list), False))
             return out
 
         return await self._write(fn, "enqueue")
@@ -390,7 +393,15 @@ class SqliteStore:
 
     async def circuit_state(self, key: str, threshold: int, window_s: float, open_s: float) -> CircuitState:
         row = await self._read(lambda db: db.execute(Q["circuit_window"], (key, window_s)).fetchone())
-        return _rules.circuit_state(row["failures"], row["latest"], row["now"], threshold, open_s)
+        return CircuitState.from_window(row["failures"], row["latest"], row["now"], threshold, open_s)
+
+    async def admission_state(
+        self, tenant: str, circuit_key: str, threshold: int, window_s: float, open_s: float
+    ) -> AdmissionState:
+        args = (tenant, circuit_key, window_s)
+        row = await self._read(lambda db: db.execute(Q["admission_state"], args).fetchone())
+        circuit = CircuitState.from_window(row["failures"], row["latest"], row["now"], threshold, open_s)
+        return AdmissionState(int(row["total"]), int(row["mine"]), circuit)
 
     async def cancel(self, job_id: str, tenant: str | None = None) -> ControlOutcome:
         def fn(db: sqlite3.Connection) -> ControlOutcome:

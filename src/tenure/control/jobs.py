@@ -1,0 +1,173 @@
+"""`JobsService`: what a client may do with jobs, written once for every door — the gateway's HTTP routes and
+WebSocket frames, and `LocalClient` (`tenure.connect`, the CLI without `--url`, the demo).
+
+Every call is scoped to a tenant (`None`: the admin, or a local caller, who sees every tenant): another tenant's
+job is answered exactly like a missing one. Bodies of control commands are validated here, by the models of
+`control.models`, so an `input` or `approve` is refused alike whichever door it came through.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol
+
+from tenure.contracts.errors import NotFound
+from tenure.contracts.states import JobState
+from tenure.contracts.store import Store
+from tenure.contracts.types import ControlOutcome, Event, Job, JobFilter, WorkerInfo, dumps, is_uuid
+from tenure.control.admission import Admission, Admitted, JobRequest
+from tenure.control.models import ApprovalBody, InputBody, shown, validated
+
+MAX_WAIT_S = 30.0
+"""The longest a cancel waits for the owner to finish the job (`POST /v1/jobs/{id}/cancel?wait=`)."""
+
+
+def job_id_of(text: Any) -> str | None:
+    """A job id in its canonical form, or None when `text` is not a UUID (no job has that id)."""
+    return str(uuid.UUID(text)) if is_uuid(text) else None
+
+
+class JobsService:
+    """Jobs over one store, admitted through one `Admission`."""
+
+    def __init__(self, store: Store, admission: Admission) -> None:
+        self.store = store
+        self.admission = admission
+
+    # -- admission ---------------------------------------------------------------------------------------------------
+    async def submit(self, req: JobRequest) -> Admitted:
+        """Admit one job (`Admission.admit`)."""
+        return await self.admission.admit(req)
+
+    async def submit_many(self, reqs: Iterable[JobRequest]) -> list[Admitted]:
+        """Admit a batch in one enqueue, all or nothing (`Admission.admit_many`)."""
+        return await self.admission.admit_many(reqs)
+
+    # -- reads -------------------------------------------------------------------------------------------------------
+    async def job(self, job_id: str, tenant: str | None = None) -> Job:
+        """One job, or `NotFound` (also for another tenant's)."""
+        jid = job_id_of(job_id)
+        job = None if jid is None else await self.store.get_job(jid, tenant)
+        if job is None:
+            raise NotFound(f"no job {shown(job_id)}" + ("" if jid is not None else " (job ids are UUIDs)"))
+        return job
+
+    async def jobs(self, flt: JobFilter) -> list[Job]:
+        """Jobs matching `flt`, newest first."""
+        return await self.store.list_jobs(flt)
+
+    async def events(
+        self, job_id: str, tenant: str | None = None, after: tuple[int, int] | None = None, limit: int = 1000
+    ) -> list[Event]:
+        """One page of a job's history after a cursor (`NotFound` for a job the tenant cannot see)."""
+        job = await self.job(job_id, tenant)
+        return await self.store.read_events(job.id, after, limit)
+
+    async def workers(self, include_gone: bool = False) -> list[WorkerInfo]:
+        """The registry."""
+        return await self.store.list_workers(include_gone)
+
+    # -- control -----------------------------------------------------------------------------------------------------
+    async def cancel(self, job_id: str, tenant: str | None = None, wait_s: float = 0.0) -> ControlOutcome:
+        """Cancel a job; with `wait_s` (at most `MAX_WAIT_S`), wait for a running job's owner to finish it."""
+        jid = job_id_of(job_id)
+        if jid is None:
+            return ControlOutcome.UNKNOWN
+        outcome = await self.store.cancel(jid, tenant)
+        if wait_s and outcome is ControlOutcome.REQUESTED:
+            outcome = await self._await_cancel(jid, tenant, wait_s)
+        return outcome
+
+    async def send_input(self, job_id: str, body: Any, tenant: str | None = None) -> ControlOutcome:
+        """Persist an `input` command (`body` is `{"input": <any JSON>}`), then signal the owner."""
+        payload = validated(InputBody, body).input
+        return await self._send(job_id, tenant, "input", payload)
+
+    async def approve(self, job_id: str, body: Any, tenant: str | None = None) -> ControlOutcome:
+        """Persist an `approve` command (`body` is `{"approved": bool, "comment": str}`, both optional)."""
+        approval = validated(ApprovalBody, body)
+        return await self._send(job_id, tenant, "approve", approval.model_dump())
+
+    async def requeue(self, job_id: str, tenant: str | None = None) -> Job:
+        """Put a dead, failed, lost, expired or cancelled job back in the queue (an operator's command)."""
+        jid = job_id_of(job_id)
+        if jid is None:
+            raise NotFound(f"no job {shown(job_id)} (job ids are UUIDs)")
+        return await self.store.requeue(jid, tenant)
+
+    async def _send(self, job_id: str, tenant: str | None, kind: str, payload: Any) -> ControlOutcome:
+        jid = job_id_of(job_id)
+        if jid is None:
+            return ControlOutcome.UNKNOWN
+        return await self.store.send_command(jid, tenant, kind, dumps(payload))
+
+    async def _await_cancel(self, job_id: str, tenant: str | None, wait_s: float) -> ControlOutcome:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + min(wait_s, MAX_WAIT_S)
+        while loop.time() < deadline:
+            job = await self.job(job_id, tenant)
+            if job.state.terminal:
+                return ControlOutcome.ACCEPTED if job.state is JobState.CANCELLED else ControlOutcome.ALREADY_FINISHED
+            await asyncio.sleep(0.05)
+        return ControlOutcome.REQUESTED
+
+
+JobRef = str | Job | Admitted
+"""A job named by its id, or by a `Job` / `Admitted` a client got back (`await client.wait(await client.submit(...))`)."""
+
+
+def ref_id(job: JobRef) -> str:
+    """The id of a `JobRef`."""
+    return job if isinstance(job, str) else job.id
+
+
+class JobsClient(Protocol):
+    """One client shape, two implementations that answer with the same types: `tenure.app.LocalClient` (over
+    the store, through `JobsService`: `tenure.connect`, the CLI without `--url`) and `tenure.client.Client` (over
+    the gateway's HTTP API). Code written against it runs unchanged against either."""
+
+    async def submit(
+        self,
+        agent: str,
+        input: Any = None,
+        *,
+        idempotency_key: str | None = None,
+        priority: int | None = None,
+        requires: Sequence[str] = (),
+        deadline_s: float | None = None,
+        max_attempts: int | None = None,
+    ) -> Admitted:
+        """Admit one job: the job as admitted, and whether it is new (False: a replayed idempotency key)."""
+        ...
+
+    async def job(self, job_id: JobRef) -> Job:
+        """One job (`NotFound` locally, `GatewayError` 404 over HTTP)."""
+        ...
+
+    async def jobs(
+        self, *, state: JobState | str | None = None, agent: str | None = None, limit: int = 50, cursor: str | None = None
+    ) -> list[Job]:
+        """Jobs, newest first; `cursor` is the id of the last job of the previous page."""
+        ...
+
+    async def events(self, job_id: JobRef, after: str | None = None, limit: int = 1000) -> list[Event]:
+        """One page of the job's history after the cursor `after` (`EPOCH-SEQ`)."""
+        ...
+
+    async def wait(self, job_id: JobRef, timeout_s: float | None = None) -> Job:
+        """Poll until the job is terminal (or raise TimeoutError)."""
+        ...
+
+    async def cancel(self, job_id: JobRef, *, wait: float | None = None) -> ControlOutcome:
+        """Cancel: `requested`, `accepted` or `already_finished`; `wait` seconds for a running job's owner."""
+        ...
+
+    async def send_input(self, job_id: JobRef, input: Any) -> ControlOutcome:
+        """Send an input to a job waiting in `ctx.next_input()`."""
+        ...
+
+    async def approve(self, job_id: JobRef, approved: bool = True, comment: str | None = None) -> ControlOutcome:
+        """Answer a job waiting in `ctx.approval(prompt)`."""
+        ...

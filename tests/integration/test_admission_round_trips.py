@@ -1,0 +1,55 @@
+"""The gateway's submit path on PostgreSQL, counted in round trips: the gate's one read, the insert and its
+flush barrier (it was five: the circuit, the queue depth, the insert, the barrier and a re-read of the job)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+
+from tenure.app import gateway_config, load_app, open_backends
+from tenure.gateway.app import Gateway
+from tenure.gateway.auth import Auth
+from tenure.settings import Settings
+
+
+def count_statements(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every statement asyncpg sends from now on (each `fetch*` / `execute` call is one round trip)."""
+    sent: list[str] = []
+
+    def counted(name: str) -> Callable[..., Any]:
+        original = getattr(asyncpg.Connection, name)
+
+        async def call(self: asyncpg.Connection, query: str, *args: Any, **kw: Any) -> Any:
+            sent.append(query.strip().splitlines()[0])
+            return await original(self, query, *args, **kw)
+
+        return call
+
+    for name in ("fetch", "fetchrow", "fetchval", "execute", "executemany"):
+        monkeypatch.setattr(asyncpg.Connection, name, counted(name))
+    return sent
+
+
+async def test_a_gateway_submit_costs_three_round_trips(pg_database_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    settings = Settings(database_url=pg_database_url)
+    backends = await open_backends(settings)
+    try:
+        gateway = Gateway(backends, load_app("tenure.examples:app").specs(), Auth.open(), gateway_config(settings))
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(gateway.asgi), base_url="http://gateway") as http:
+            warm = await http.post("/v1/jobs", json={"agent": "echo", "input": 0})  # statements prepared once
+            assert warm.status_code == 201, warm.text
+            sent = count_statements(monkeypatch)
+            r = await http.post("/v1/jobs", json={"agent": "echo", "input": {"n": 1}})
+            assert r.status_code == 201 and r.json()["input"] == {"n": 1} and r.json()["state"] == "queued"
+            assert len(sent) == 3, sent  # admission_state, enqueue_jobs, flush_barrier
+            del sent[:]
+            r = await http.post("/v1/jobs", json={"agent": "echo", "input": 2}, headers={"Idempotency-Key": "k"})
+            again = await http.post("/v1/jobs", json={"agent": "echo", "input": 2}, headers={"Idempotency-Key": "k"})
+            assert (r.status_code, again.status_code) == (201, 200) and again.json() == r.json()
+            assert len(sent) == 3 + 4, sent  # a replay: the gate, the insert, the existing job, the barrier
+    finally:
+        await backends.close()
