@@ -65,9 +65,9 @@ async def test_a_job_waiting_for_approval_frees_its_slot_for_another_job(
     client: LocalClient, database_url: str, workers: list[WorkerProc], tmp_path: Path
 ) -> None:
     workers.append(WorkerProc(database_url, tmp_path, "w", concurrency=1))
-    waiting_id = await client.submit("publish", {"title": "t"})
+    waiting_id = (await client.submit("publish", {"title": "t"})).job.id
     await eventually(lambda: _in_state(client, waiting_id, JobState.WAITING), 20, "the job to wait for approval")
-    other_id = await client.submit("echo", {"x": 1})
+    other_id = (await client.submit("echo", {"x": 1})).job.id
     other = await eventually(lambda: _terminal(client, other_id), 20, "a second job to run on the only slot")
     assert other.state is JobState.SUCCEEDED
     assert (await client.job(waiting_id)).state is JobState.WAITING
