@@ -45,7 +45,7 @@ from redis.driver_info import DriverInfo
 import tenure
 from tenure.backends.postgres import PostgresLeases, PostgresStore
 from tenure.backends.redis import RedisLeases
-from tenure.backends.sqlite import SqliteStore, database_files
+from tenure.backends.sqlite import SqliteLeases, SqliteStore, database_files
 from tenure.contracts.store import Leases
 
 HERE = Path(__file__).resolve().parent
@@ -270,7 +270,7 @@ async def bench_leases(seconds: float) -> dict[str, Any]:
             sl = await SqliteStore.connect(f"sqlite:///{path}", synchronous="NORMAL")
             try:
                 await sl.migrate()
-                row["sqlite_pairs_per_s"] = await _pairs(sl, clients, seconds, "k")
+                row["sqlite_pairs_per_s"] = await _pairs(SqliteLeases(sl.connection), clients, seconds, "k")
             finally:
                 await sl.close()
                 for file in database_files(path):

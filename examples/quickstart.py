@@ -14,7 +14,7 @@ import os
 from typing import Any
 
 import tenure
-from tenure.app import open_store
+from tenure.app import open_backends
 from tenure.settings import Settings
 from tenure.worker import Worker, WorkerConfig
 
@@ -41,9 +41,9 @@ async def unreliable(ctx: tenure.Context, input: dict[str, Any]) -> dict[str, An
 async def main() -> None:
     url = os.environ.get("TENURE_DATABASE_URL", "sqlite:///./quickstart.db")
     settings = Settings.from_env(database_url=url)
-    store = await open_store(settings)
+    backends = await open_backends(settings)
     stop = asyncio.Event()
-    worker = Worker(store, app, WorkerConfig(concurrency=4, heartbeat_s=1, claim_ttl_s=3, retry_base_s=0.2))
+    worker = Worker(backends, app, WorkerConfig(concurrency=4, heartbeat_s=1, claim_ttl_s=3, retry_base_s=0.2))
     running = asyncio.create_task(worker.run(stop))
     try:
         async with tenure.connect(app, url) as client:
@@ -59,7 +59,7 @@ async def main() -> None:
     finally:
         stop.set()
         await running
-        await store.close()
+        await backends.close()
 
 
 if __name__ == "__main__":

@@ -16,8 +16,8 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from tenure.app import open_store
-from tenure.contracts.store import Store
+from tenure.app import open_backends
+from tenure.contracts.store import Backends, JobStore
 from tenure.settings import Settings
 from tests.integration.redisproc import RedisProc
 
@@ -124,12 +124,19 @@ async def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncI
 
 
 @pytest.fixture
-async def store(database_url: str) -> AsyncIterator[Store]:
-    s = await open_store(Settings(database_url=database_url))
+async def backends(database_url: str) -> AsyncIterator[Backends]:
+    """The job store, signals and leases of one process on the backend under test, migrated."""
+    b = await open_backends(Settings(database_url=database_url))
     try:
-        yield s
+        yield b
     finally:
-        await s.close()
+        await b.close()
+
+
+@pytest.fixture
+def store(backends: Backends) -> JobStore:
+    """The job store of `backends` (its writes send their signals)."""
+    return backends.jobs
 
 
 @pytest.fixture

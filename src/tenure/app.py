@@ -19,13 +19,15 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
-from tenure.backends.postgres import PostgresChannel, PostgresStore
+from tenure.backends.after_commit import AfterCommit
+from tenure.backends.postgres import PostgresChannel, PostgresLeases, PostgresSignals, PostgresStore
 from tenure.backends.redis import RedisChannel, RedisLeases, RedisReadyIndex
-from tenure.backends.sqlite import SqliteStore
+from tenure.backends.signals import ChannelSignals
+from tenure.backends.sqlite import SqliteLeases, SqliteSignals, SqliteStore
 from tenure.contracts.channel import Channel
 from tenure.contracts.errors import ConfigError, NotFound
 from tenure.contracts.states import JobState
-from tenure.contracts.store import Leases, Store
+from tenure.contracts.store import Backends, JobStore, Leases, Signals
 from tenure.contracts.types import DEFAULT_TENANT, ControlOutcome, Event, Job, JobFilter, WorkerInfo, parse_cursor
 from tenure.control.admission import Admission, AdmissionLimits, Admitted, JobRequest
 from tenure.control.gate import GateConfig
@@ -52,38 +54,53 @@ def load_app(spec: str) -> Tenure:
     return app
 
 
-async def open_store(settings: Settings, *, migrate: bool = True) -> Store:
-    """Open the store named by `settings.database_url`, applying migrations unless told not to. With
-    `TENURE_REDIS_URL` set, its live hints (events appended, control commands) travel over Redis pub/sub
-    (backends/signals.py) instead of NOTIFY or polling."""
+async def open_backends(settings: Settings, *, migrate: bool = True) -> Backends:
+    """Open the job store named by `settings.database_url` with its signals and leases, applying migrations
+    unless told not to; `close()` the answer once. The three share the store's connections: SQLite's one
+    connection thread, PostgreSQL's pool (the signals LISTEN on connections of their own). With
+    `TENURE_REDIS_URL` set, the live hints (events appended, control commands) travel over Redis pub/sub
+    (backends/signals.py) instead of NOTIFY or polling; the jobs wake-up stays the database's."""
     url = settings.database_url
     channel = None
     if settings.redis_url:
         channel = RedisChannel(settings.redis_url, prefix=settings.redis_prefix + "chan:")
-    store: Store
+    store: JobStore
+    signals: Signals
+    leases: Leases
     try:
         if url.startswith("sqlite:"):
-            store = await SqliteStore.connect(url, synchronous=settings.sqlite_synchronous, channel=channel)
+            sqlite = await SqliteStore.connect(url, synchronous=settings.sqlite_synchronous)
+            try:
+                signals = await SqliteSignals.open(sqlite.connection)
+            except BaseException:
+                await sqlite.close()
+                raise
+            store, leases = sqlite, SqliteLeases(sqlite.connection)
         else:
-            store = await PostgresStore.connect(url, channel=channel)
+            # NOTIFY for live hints only when no channel carries them (see postgres/signals.py).
+            postgres = await PostgresStore.connect(url, notify=channel is None)
+            store, signals, leases = postgres, PostgresSignals(url), PostgresLeases(postgres.pool)
     except BaseException:
         if channel is not None:
             await channel.close()
         raise
+    if channel is not None:
+        signals = ChannelSignals(channel, signals)
+    backends = Backends(AfterCommit(store, signals), signals, leases)
     if migrate:
         try:
-            await store.migrate()
+            await backends.jobs.migrate()
         except BaseException:
-            await store.close()
+            await backends.close()
             raise
-    return store
+    return backends
 
 
 class LocalClient:
     """Submit and inspect jobs directly against the store (no gateway in between), through the same admission
     door as the gateway (caps and circuits included). A `JobsClient`: `tenure.client.Client` answers alike."""
 
-    def __init__(self, store: Store, admission: Admission) -> None:
+    def __init__(self, store: JobStore, admission: Admission) -> None:
         self.store = store
         self.admission = admission
         self.service = JobsService(store, admission)
@@ -204,15 +221,15 @@ async def connect(
         settings = settings.replace(database_url=database_url)
     if app is None or isinstance(app, str):
         app = load_app(app or settings.app)
-    store = await open_store(settings)
+    backends = await open_backends(settings)
     ready = open_ready_index(settings)
     try:
-        admission = Admission(store, app.specs(), admission_limits(settings), ready, gate=gate_config(settings))
-        yield LocalClient(store, admission)
+        admission = Admission(backends.jobs, app.specs(), admission_limits(settings), ready, gate=gate_config(settings))
+        yield LocalClient(backends.jobs, admission)
     finally:
         if ready is not None:
             await ready.close()
-        await store.close()
+        await backends.close()
 
 
 # -- the gateway ----------------------------------------------------------------------------------------------------
@@ -249,7 +266,7 @@ async def serve_gateway(settings: Settings, host: str, port: int, *, inline: boo
             )
         log.warning("no API keys configured: the gateway is open to local clients only (%s), as tenant 'default'", host)
     app = load_app(settings.app)
-    store = await open_store(settings)
+    backends = await open_backends(settings)
     stop = asyncio.Event()
     worker_task: asyncio.Task[None] | None = None
     inline_resources = contextlib.AsyncExitStack()
@@ -260,11 +277,11 @@ async def serve_gateway(settings: Settings, host: str, port: int, *, inline: boo
             from tenure.worker import Worker
 
             config = worker_config(settings)
-            quotas = await inline_resources.enter_async_context(open_quotas(settings, store, config.claim_ttl_s))
+            quotas = await inline_resources.enter_async_context(open_quotas(settings, backends, config.claim_ttl_s))
             ready = open_ready_index(settings, config.claim_ttl_s)
             if ready is not None:
                 inline_resources.push_async_callback(ready.close)
-            worker = Worker(store, app, config, quotas=quotas, ready_index=ready)
+            worker = Worker(backends, app, config, quotas=quotas, ready_index=ready)
             worker_task = asyncio.create_task(worker.run(stop), name="inline-worker")
 
     async def on_stop() -> None:
@@ -277,7 +294,7 @@ async def serve_gateway(settings: Settings, host: str, port: int, *, inline: boo
     if ready_hints is not None:
         inline_resources.push_async_callback(ready_hints.close)
     gateway = Gateway(
-        store, app.specs(), auth, gateway_config(settings), on_start=on_start, on_stop=on_stop, ready_index=ready_hints
+        backends, app.specs(), auth, gateway_config(settings), on_start=on_start, on_stop=on_stop, ready_index=ready_hints
     )
     config = uvicorn.Config(
         gateway.asgi,
@@ -307,7 +324,7 @@ async def serve_gateway(settings: Settings, host: str, port: int, *, inline: boo
         ):
             await server.serve()
     finally:
-        await store.close()
+        await backends.close()
 
 
 def worker_config(settings: Settings) -> Any:
@@ -332,26 +349,25 @@ def worker_config(settings: Settings) -> Any:
 
 # -- global quotas ----------------------------------------------------------------------------------------------------
 @asynccontextmanager
-async def open_quotas(settings: Settings, store: Store, ttl_s: float) -> AsyncIterator[QuotaManager]:
+async def open_quotas(settings: Settings, backends: Backends, ttl_s: float) -> AsyncIterator[QuotaManager]:
     """The quota manager of one worker process: limits from tenure.toml (working directory) overridden by
-    TENURE_QUOTAS; leases on Redis when `TENURE_REDIS_URL` is set (with pub/sub wake-ups), else on the store's
-    `leases` table (waiters woken by NOTIFY on PostgreSQL, polling on SQLite)."""
+    TENURE_QUOTAS; leases on Redis when `TENURE_REDIS_URL` is set (with pub/sub wake-ups), else the store's
+    `leases` table (`backends.leases`; waiters woken by NOTIFY on PostgreSQL, polling on SQLite)."""
     specs = dict(await asyncio.to_thread(load_quota_file, "tenure.toml"))
     specs.update(settings.quotas)
+    own_leases: RedisLeases | None = None
+    leases: Leases = backends.leases
+    channel: Channel | None = None
     if settings.redis_url:
         # Leases and channel on one Redis: a release publishes its hand-overs from inside its own script.
         chan_prefix = settings.redis_prefix + "chan:"
-        leases: Leases = RedisLeases(
+        leases = own_leases = RedisLeases(
             settings.redis_url, prefix=settings.redis_prefix + "lease:", announce_prefix=chan_prefix + quota_topic("")
         )
-        channel: Channel | None = RedisChannel(settings.redis_url, prefix=chan_prefix)
-    elif isinstance(store, PostgresStore):
+        channel = RedisChannel(settings.redis_url, prefix=chan_prefix)
+    elif backends.jobs.dialect == "postgres":
         # Leases in the store; a release wakes waiters of other processes with a NOTIFY.
-        leases, channel = store, PostgresChannel(settings.database_url)
-    elif isinstance(store, Leases):
-        leases, channel = store, None
-    else:
-        raise ConfigError("quotas need a lease backend: set TENURE_REDIS_URL or use a SQL store")
+        channel = PostgresChannel(settings.database_url)
     try:
         yield QuotaManager(
             leases,
@@ -361,13 +377,13 @@ async def open_quotas(settings: Settings, store: Store, ttl_s: float) -> AsyncIt
             # The floor also finds a slot that came free by expiry (a dead holder's): at most one heartbeat late,
             # so a leaked slot is taken up again within one TTL plus one heartbeat of its holder's death.
             poll_s=min(0.25 if channel is None else 1.0, settings.heartbeat_s),
-            leases_announce=isinstance(leases, RedisLeases),
+            leases_announce=own_leases is not None,
         )
     finally:
         if channel is not None:
             await channel.close()
-        if isinstance(leases, RedisLeases):
-            await leases.close()
+        if own_leases is not None:
+            await own_leases.close()
 
 
 def open_ready_index(settings: Settings, stale_s: float | None = None) -> RedisReadyIndex | None:

@@ -21,7 +21,7 @@ from typing import Any
 import tenure
 from tenure.contracts.errors import TenureError
 from tenure.contracts.states import JobState, WorkerState
-from tenure.contracts.store import Store
+from tenure.contracts.store import JobStore
 from tenure.contracts.types import JobFilter
 from tenure.settings import Settings
 
@@ -63,7 +63,7 @@ async def _skew(read_clock: Any) -> tuple[float, float]:
 
 async def diagnose(settings: Settings, *, max_skew_s: float = 1.0) -> Report:
     """Run every check against the configured store (and Redis, if configured)."""
-    from tenure.app import open_store
+    from tenure.app import open_backends
 
     report = Report()
     report.add(
@@ -74,14 +74,14 @@ async def diagnose(settings: Settings, *, max_skew_s: float = 1.0) -> Report:
         python=platform.python_version(),
     )
     try:
-        store = await open_store(settings, migrate=False)
+        backends = await open_backends(settings, migrate=False)
     except (TenureError, OSError) as exc:
         report.add("store", "fail", f"cannot open {_redact(settings.database_url)}: {exc}")
         return report
     try:
-        await _check_store(report, store, settings, max_skew_s)
+        await _check_store(report, backends.jobs, settings, max_skew_s)
     finally:
-        await store.close()
+        await backends.close()
     if settings.redis_url:
         await _check_redis(report, settings.redis_url, max_skew_s)
     else:
@@ -89,9 +89,9 @@ async def diagnose(settings: Settings, *, max_skew_s: float = 1.0) -> Report:
     return report
 
 
-async def _check_store(report: Report, store: Store, settings: Settings, max_skew_s: float) -> None:
+async def _check_store(report: Report, store: JobStore, settings: Settings, max_skew_s: float) -> None:
     try:
-        version = await store.server_version()  # type: ignore[attr-defined]
+        version = await store.server_version()
         report.add(
             "store",
             "ok",
@@ -110,7 +110,7 @@ async def _check_store(report: Report, store: Store, settings: Settings, max_ske
             max_skew_s=max_skew_s,
         )
         level = await store.schema_version()
-        latest = store.latest_schema_version()  # type: ignore[attr-defined]
+        latest = store.latest_schema_version()
         if level == latest:
             report.add("schema", "ok", f"at version {level}", level=level, expected=latest)
         elif level < latest:
@@ -139,7 +139,7 @@ async def _check_store(report: Report, store: Store, settings: Settings, max_ske
         report.add("store", "fail", f"{exc.code}: {exc}")
 
 
-async def _check_workers(report: Report, store: Store, settings: Settings, now: float) -> None:
+async def _check_workers(report: Report, store: JobStore, settings: Settings, now: float) -> None:
     horizon = 2 * settings.claim_ttl_s  # the registry marks a worker gone after this much silence
     workers = await store.list_workers(include_gone=False)
     alive = [w for w in workers if w.last_heartbeat is not None and now - w.last_heartbeat <= horizon]
@@ -160,7 +160,7 @@ async def _check_workers(report: Report, store: Store, settings: Settings, now: 
     )
 
 
-async def _check_stuck(report: Report, store: Store, settings: Settings, now: float) -> None:
+async def _check_stuck(report: Report, store: JobStore, settings: Settings, now: float) -> None:
     # Past its claim expiry, a job is the sweeper's within one sweep; a grace of a few sweeps (and a
     # heartbeat) keeps a sweep in progress from being reported.
     grace = 3 * settings.sweep_interval_s + settings.heartbeat_s

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tenure.app import open_store
+from tenure.app import open_backends
 from tenure.settings import Settings
 from tests.conftest import PYTHON, ROOT
 from tests.integration.procs import FAST, WorkerProc
@@ -124,12 +124,12 @@ def test_a_local_submit_at_the_queue_cap_is_a_clear_error_and_writes_nothing(dat
 
 
 async def test_a_local_submit_while_the_circuit_is_open_is_a_clear_error_and_writes_nothing(database_url: str) -> None:
-    store = await open_store(Settings(database_url=database_url))
+    backends = await open_backends(Settings(database_url=database_url))
     try:
         for _ in range(3):  # the breaker's default threshold: what three timed-out executions of `hang` write
-            await store.record_circuit_failure("agent:hang")
+            await backends.jobs.record_circuit_failure("agent:hang")
     finally:
-        await store.close()
+        await backends.close()
     out = tenure(database_url, "submit", "hang")
     assert out.returncode == 1 and "tenure: circuit_open: agent 'hang' timed out 3 times" in out.stderr, out.stderr
     assert "Traceback" not in out.stderr and job_count(database_url) == 0

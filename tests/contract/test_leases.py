@@ -39,7 +39,7 @@ import tenure.backends.redis
 from tenure.backends.postgres import PostgresLeases, PostgresStore
 from tenure.backends.redis import RedisLeases
 from tenure.backends.redis._scripts import generation_key
-from tenure.backends.sqlite import SqliteStore, database_files
+from tenure.backends.sqlite import SqliteLeases, SqliteStore, database_files
 from tenure.contracts.errors import LeasesUnavailable
 from tenure.contracts.store import LeaseRef, Leases, line_key, new_ticket
 
@@ -111,13 +111,14 @@ def _sqlite_url(namespace: str) -> str:
 
 @asynccontextmanager
 async def open_sqlite(namespace: str, *, drop: bool = True) -> AsyncIterator[Leases]:
-    """`SqliteStore` on a database file of the namespace's own (created and migrated by the first opener,
-    which passes `drop=True`); dropping deletes the file."""
+    """`SqliteLeases` on the connection of a `SqliteStore`, as a process's `Backends` has them, on a database
+    file of the namespace's own (created and migrated by the first opener, which passes `drop=True`); dropping
+    deletes the file."""
     store = await SqliteStore.connect(_sqlite_url(namespace))
     try:
         if drop:
             await store.migrate()
-        yield store
+        yield SqliteLeases(store.connection)
     finally:
         await store.close()
         if drop:

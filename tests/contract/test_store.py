@@ -12,7 +12,7 @@ import pytest
 
 from tenure.contracts.errors import IdempotencyConflict, IllegalTransition, NotFound
 from tenure.contracts.states import JobState, WorkerState
-from tenure.contracts.store import LeaseRef, Store
+from tenure.contracts.store import Backends, LeaseRef, Store
 from tenure.contracts.types import (
     AgentSpec,
     Claim,
@@ -412,32 +412,35 @@ async def test_requeue_puts_a_dead_job_back_and_refuses_the_others(store: Store)
         await store.requeue(new_id())
 
 
-async def test_leases_admit_up_to_the_limit_idempotently(store: Store) -> None:
+async def test_leases_admit_up_to_the_limit_idempotently(backends: Backends) -> None:
     from tenure.contracts.store import Leases
 
-    assert isinstance(store, Leases)
-    assert await store.acquire("k", "a", 2, TTL)
-    assert await store.acquire("k", "a", 2, TTL)  # the same holder again: still one slot
-    assert await store.acquire("k", "b", 2, TTL)
-    assert not await store.acquire("k", "c", 2, TTL)
-    assert await store.holders("k") == ["a", "b"]
-    await store.release("k", "a")
-    await store.release("k", "a")
-    assert await store.acquire("k", "c", 2, TTL)
-    assert await store.renew([LeaseRef("k", "b"), LeaseRef("k", "zz")], TTL) == [LeaseRef("k", "zz")]
+    leases = backends.leases  # the store's own leases table
+    assert isinstance(leases, Leases)
+    assert await leases.acquire("k", "a", 2, TTL)
+    assert await leases.acquire("k", "a", 2, TTL)  # the same holder again: still one slot
+    assert await leases.acquire("k", "b", 2, TTL)
+    assert not await leases.acquire("k", "c", 2, TTL)
+    assert await leases.holders("k") == ["a", "b"]
+    await leases.release("k", "a")
+    await leases.release("k", "a")
+    assert await leases.acquire("k", "c", 2, TTL)
+    assert await leases.renew([LeaseRef("k", "b"), LeaseRef("k", "zz")], TTL) == [LeaseRef("k", "zz")]
 
 
-async def test_an_expired_lease_is_lost_and_its_slot_reused(store: Store) -> None:
-    assert await store.acquire("k", "a", 1, 0.2)
+async def test_an_expired_lease_is_lost_and_its_slot_reused(backends: Backends) -> None:
+    leases = backends.leases
+    assert await leases.acquire("k", "a", 1, 0.2)
     await asyncio.sleep(0.3)
-    assert await store.renew([LeaseRef("k", "a")], TTL) == [LeaseRef("k", "a")]
-    assert await store.acquire("k", "b", 1, TTL)
-    assert await store.holders("k") == ["b"]
+    assert await leases.renew([LeaseRef("k", "a")], TTL) == [LeaseRef("k", "a")]
+    assert await leases.acquire("k", "b", 1, TTL)
+    assert await leases.holders("k") == ["b"]
 
 
-async def test_wait_for_jobs_wakes_on_a_new_job(store: Store) -> None:
-    await store.wait_for_jobs(0.01)  # arm the listener / poller
-    waiter = asyncio.create_task(store.wait_for_jobs(5.0))
+async def test_wait_for_jobs_wakes_on_a_new_job(store: Store, backends: Backends) -> None:
+    signals = backends.signals
+    await signals.wait_for_jobs(0.01)  # arm the listener / poller
+    waiter = asyncio.create_task(signals.wait_for_jobs(5.0))
     await asyncio.sleep(0.1)
     loop = asyncio.get_running_loop()
     t0 = loop.time()
@@ -571,13 +574,15 @@ async def test_set_waiting_is_fenced_and_appends_its_event(store: Store) -> None
     ]
 
 
-async def test_wait_for_events_tells_of_appended_events(store: Store, database_url: str) -> None:
-    from tenure.app import open_store
+async def test_wait_for_events_tells_of_appended_events(store: Store, backends: Backends, database_url: str) -> None:
+    from tenure.app import open_backends
     from tenure.settings import Settings
 
-    await store.wait_for_events(0.01)  # arm the listener / poller
-    await store.wait_for_events(0.01)
-    writer = await open_store(Settings(database_url=database_url))
+    signals = backends.signals
+    await signals.wait_for_events(0.01)  # arm the listener / poller
+    await signals.wait_for_events(0.01)
+    other = await open_backends(Settings(database_url=database_url))
+    writer = other.jobs
     try:
         job_id = await submit(writer)
         claim = await claim_one(writer)
@@ -587,7 +592,7 @@ async def test_wait_for_events_tells_of_appended_events(store: Store, database_u
         wanted = "message.delta" if store.dialect == "postgres" else "notice"
         seen: list[object] = []
         for _ in range(50):
-            for notice in await store.wait_for_events(0.2):
+            for notice in await signals.wait_for_events(0.2):
                 seen.extend(e.type for e in notice.events)
                 if notice.job_ids is None or job_id in notice.job_ids:
                     seen.append("notice")
@@ -598,11 +603,11 @@ async def test_wait_for_events_tells_of_appended_events(store: Store, database_u
             assert "message.delta" in seen
             big = "x" * 9000
             await writer.append_events([NewEvent(claim.fence, execution_id, 3, "big", json.dumps(big))])
-            notices = await store.wait_for_events(5.0)
+            notices = await signals.wait_for_events(5.0)
             assert notices and all(not n.events for n in notices)  # over the limit: a reference only
             assert any(n.job_ids is None or job_id in n.job_ids for n in notices)
     finally:
-        await writer.close()
+        await other.close()
 
 
 async def test_read_events_many_reads_several_histories_after_their_own_cursors(store: Store) -> None:
@@ -630,24 +635,26 @@ async def test_find_idempotent_answers_only_the_tenants_own_key(store: Store) ->
     assert await store.find_idempotent("a", idem_digest("a", "other")) is None
 
 
-async def test_control_hints_and_state_tell_an_owner_of_cancels_and_commands(store: Store, database_url: str) -> None:
-    from tenure.app import open_store
+async def test_control_hints_and_state_tell_an_owner_of_cancels_and_commands(
+    store: Store, backends: Backends, database_url: str
+) -> None:
+    from tenure.app import open_backends
     from tenure.settings import Settings
 
     running = await submit(store)
     claim = await claim_one(store)
     await start_one(store, claim)
     assert await store.control_state([running]) == (frozenset(), {})
-    await store.wait_for_control(0.01)  # arm the listener / poller
-    gateway = await open_store(Settings(database_url=database_url))  # another process's connection
+    await backends.signals.wait_for_control(0.01)  # arm the listener / poller
+    gateway = await open_backends(Settings(database_url=database_url))  # another process's connection
     try:
-        assert await gateway.send_command(running, None, "input", '"hi"') is ControlOutcome.REQUESTED
-        assert await gateway.cancel(running) is ControlOutcome.REQUESTED
+        assert await gateway.jobs.send_command(running, None, "input", '"hi"') is ControlOutcome.REQUESTED
+        assert await gateway.jobs.cancel(running) is ControlOutcome.REQUESTED
     finally:
         await gateway.close()
     hint: frozenset[str] | None = frozenset()
     for _ in range(50):
-        hint = await store.wait_for_control(0.2)
+        hint = await backends.signals.wait_for_control(0.2)
         if hint is None or running in hint:
             break
     assert hint is None or running in hint

@@ -10,7 +10,7 @@ import asyncpg
 import httpx
 import pytest
 
-from tenure.app import gateway_config, load_app, open_store
+from tenure.app import gateway_config, load_app, open_backends
 from tenure.gateway.app import Gateway
 from tenure.gateway.auth import Auth
 from tenure.settings import Settings
@@ -36,9 +36,9 @@ def count_statements(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 async def test_a_gateway_submit_costs_three_round_trips(pg_database_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     settings = Settings(database_url=pg_database_url)
-    store = await open_store(settings)
+    backends = await open_backends(settings)
     try:
-        gateway = Gateway(store, load_app("tenure.examples:app").specs(), Auth.open(), gateway_config(settings))
+        gateway = Gateway(backends, load_app("tenure.examples:app").specs(), Auth.open(), gateway_config(settings))
         async with httpx.AsyncClient(transport=httpx.ASGITransport(gateway.asgi), base_url="http://gateway") as http:
             warm = await http.post("/v1/jobs", json={"agent": "echo", "input": 0})  # statements prepared once
             assert warm.status_code == 201, warm.text
@@ -52,4 +52,4 @@ async def test_a_gateway_submit_costs_three_round_trips(pg_database_url: str, mo
             assert (r.status_code, again.status_code) == (201, 200) and again.json() == r.json()
             assert len(sent) == 3 + 4, sent  # a replay: the gate, the insert, the existing job, the barrier
     finally:
-        await store.close()
+        await backends.close()

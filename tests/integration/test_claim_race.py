@@ -10,7 +10,7 @@ import time
 from collections import Counter, defaultdict
 from typing import Any
 
-from tenure.app import open_store
+from tenure.app import open_backends
 from tenure.contracts.store import Store
 from tenure.contracts.types import AgentSpec, Fence, Start, new_id
 from tenure.control.admission import Admission, JobRequest
@@ -26,7 +26,8 @@ def _claimer(url: str, name: str, barrier: Any, commands: Any, results: Any) -> 
     fence if it won, on a forged stale fence if it lost (a loser must never start anything)."""
 
     async def run() -> None:
-        store = await open_store(Settings(database_url=url), migrate=False)
+        backends = await open_backends(Settings(database_url=url), migrate=False)
+        store = backends.jobs
         try:
             while (cmd := commands.get()) is not None:
                 barrier.wait()
@@ -42,7 +43,7 @@ def _claimer(url: str, name: str, barrier: Any, commands: Any, results: Any) -> 
                     started = await store.start(name, [Start(forged, new_id())])
                     results.put((cmd, name, None, None, None, len(started), t0, t1))
         finally:
-            await store.close()
+            await backends.close()
 
     asyncio.run(run())
 
@@ -52,7 +53,8 @@ async def _submit(store: Store) -> str:
 
 
 async def test_concurrent_claims_give_each_job_one_owner_per_epoch_and_one_start(database_url: str) -> None:
-    store = await open_store(Settings(database_url=database_url))
+    backends = await open_backends(Settings(database_url=database_url))
+    store = backends.jobs
     ctx = mp.get_context("spawn")
     barrier = ctx.Barrier(PROCESSES)
     commands = [ctx.Queue() for _ in range(PROCESSES)]
@@ -103,4 +105,4 @@ async def test_concurrent_claims_give_each_job_one_owner_per_epoch_and_one_start
         job = await store.get_job(job_id)
         assert job is not None and job.epoch == 1 and job.owner in owners[(job_id, 1)]
     assert set(starts.values()) == {1}
-    await store.close()
+    await backends.close()

@@ -17,8 +17,8 @@ from typing import TypeVar
 import pytest
 
 from tenure.backends.sqlite import doorbell
-from tenure.backends.sqlite import store as sqlite_store
-from tenure.contracts.store import Store
+from tenure.backends.sqlite import signals as sqlite_signals
+from tenure.contracts.store import Backends, Store
 from tests.conftest import PYTHON, ROOT
 from tests.contract.test_store import submit
 
@@ -50,38 +50,41 @@ async def woken_by(wait: Awaitable[T], other_process: Awaitable[object]) -> T:
 
 
 async def test_a_submit_in_another_process_wakes_a_waiting_worker(
-    store: Store, database_url: str, monkeypatch: pytest.MonkeyPatch
+    store: Store, backends: Backends, database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(sqlite_store, "_POLL_MIN_S", POLL_S)
-    monkeypatch.setattr(sqlite_store, "_POLL_MAX_S", POLL_S)
+    signals = backends.signals
+    monkeypatch.setattr(sqlite_signals, "_POLL_MIN_S", POLL_S)
+    monkeypatch.setattr(sqlite_signals, "_POLL_MAX_S", POLL_S)
     for round_ in range(3):
         # Takes note of the database's current version: a wait that follows a wake-up may otherwise return at
         # once for the commit that rang (as a worker's does; it then finds nothing to claim).
-        await store.wait_for_jobs(0)
+        await signals.wait_for_jobs(0)
         submitted = cli(database_url, "submit", "echo", "--input", f'{{"round": {round_}}}')
-        await woken_by(store.wait_for_jobs(2 * POLL_S), submitted)
+        await woken_by(signals.wait_for_jobs(2 * POLL_S), submitted)
         [(claim, _)] = await store.claim_and_start("w", ["echo"], [], 5, 30)
         assert json.loads(claim.input_json) == {"round": round_}
 
 
 async def test_a_cancel_in_another_process_wakes_the_jobs_owner(
-    store: Store, database_url: str, monkeypatch: pytest.MonkeyPatch
+    store: Store, backends: Backends, database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(sqlite_store, "_CONTROL_POLL_S", POLL_S)
+    signals = backends.signals
+    monkeypatch.setattr(sqlite_signals, "_CONTROL_POLL_S", POLL_S)
     job_id = await submit(store, "echo", {})
     [(claim, _)] = await store.claim_and_start("w", ["echo"], [], 1, 30)
-    assert await store.wait_for_control(0) == frozenset()  # takes note of the current version
+    assert await signals.wait_for_control(0) == frozenset()  # takes note of the current version
     cancelled_elsewhere = cli(database_url, "cancel", job_id)
-    assert await woken_by(store.wait_for_control(2 * POLL_S), cancelled_elsewhere) is None  # "check your jobs"
+    assert await woken_by(signals.wait_for_control(2 * POLL_S), cancelled_elsewhere) is None  # "check your jobs"
     cancelled, _ = await store.control_state([claim.fence.job_id])
     assert cancelled == {job_id}
 
 
 async def test_without_inotify_the_poll_still_finds_the_job(
-    store: Store, database_url: str, monkeypatch: pytest.MonkeyPatch
+    store: Store, backends: Backends, database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    signals = backends.signals
     monkeypatch.setattr(doorbell, "_LIBC", None)  # read when the store first waits
-    await store.wait_for_jobs(0)
+    await signals.wait_for_jobs(0)
     # Woken by the default poll, at most 25 ms after the commit.
-    await woken_by(store.wait_for_jobs(2 * POLL_S), cli(database_url, "submit", "echo", "--input", "{}"))
+    await woken_by(signals.wait_for_jobs(2 * POLL_S), cli(database_url, "submit", "echo", "--input", "{}"))
     assert len(await store.claim_and_start("w", ["echo"], [], 5, 30)) == 1

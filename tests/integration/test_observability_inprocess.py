@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from tenure.app import connect, open_store
+from tenure.app import connect, open_backends
 from tenure.contracts.states import JobState, WorkerState
 from tenure.observability import metrics
 from tenure.observability.exposition import metrics_asgi_app
@@ -23,7 +23,7 @@ from tests.integration.procs import eventually
 
 async def test_an_in_process_worker_and_the_metrics_asgi_app_never_block_the_loop(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/t.db"
-    store = await open_store(Settings(database_url=url))
+    backends = await open_backends(Settings(database_url=url))
     config = WorkerConfig(
         concurrency=4,
         heartbeat_s=0.1,
@@ -34,8 +34,10 @@ async def test_an_in_process_worker_and_the_metrics_asgi_app_never_block_the_loo
         degraded_lag_s=0.5,
         degraded_for_s=1.0,
     )
-    worker = Worker(store, app, config)
-    unwatch = metrics.watch_adapter(store.offload, "worker", worker.id)  # type: ignore[attr-defined]
+    worker = Worker(backends, app, config)
+    offload = backends.jobs.offload
+    assert offload is not None  # SQLite's connection thread
+    unwatch = metrics.watch_adapter(offload, "worker", worker.id)
     stop = asyncio.Event()
     run = asyncio.create_task(worker.run(stop))
     try:
@@ -55,7 +57,7 @@ async def test_an_in_process_worker_and_the_metrics_asgi_app_never_block_the_loo
         stop.set()
         await asyncio.wait_for(run, 20)
         unwatch()
-        await store.close()
+        await backends.close()
     # Scraped once the worker stopped: prometheus_client's per-value locks are shared with the render
     # thread, and a (microseconds long) contended acquire on the loop would trip the blocking guard.
     transport = httpx.ASGITransport(app=metrics_asgi_app())

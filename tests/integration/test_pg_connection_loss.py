@@ -20,7 +20,7 @@ import asyncpg
 import httpx
 import pytest
 
-from tenure.app import open_store
+from tenure.app import open_backends
 from tenure.contracts.states import WorkerState
 from tenure.settings import Settings
 from tests.acceptance.up import Up, descendants
@@ -83,7 +83,8 @@ async def test_a_worker_claims_again_after_its_claim_connection_was_terminated(
     private_database: str, tmp_path: Path
 ) -> None:
     url = _admin_url(private_database)
-    store = await open_store(Settings(database_url=url))
+    backends = await open_backends(Settings(database_url=url))
+    store = backends.jobs
     worker = WorkerProc(url, tmp_path, "w1", concurrency=2)
     try:
         from tenure.control.admission import Admission, JobRequest
@@ -107,14 +108,15 @@ async def test_a_worker_claims_again_after_its_claim_connection_was_terminated(
         assert worker.proc.poll() is None, worker.log()
     finally:
         worker.stop()
-        await store.close()
+        await backends.close()
 
 
 async def test_a_worker_that_cannot_claim_is_degraded_until_it_can_claim_again(
     private_database: str, tmp_path: Path
 ) -> None:
     url = _admin_url(private_database)
-    store = await open_store(Settings(database_url=url))
+    backends = await open_backends(Settings(database_url=url))
+    store = backends.jobs
     worker = WorkerProc(url, tmp_path, "w1", concurrency=2)
     try:
 
@@ -144,7 +146,7 @@ async def test_a_worker_that_cannot_claim_is_degraded_until_it_can_claim_again(
         assert worker.proc.poll() is None, worker.log()
     finally:
         worker.stop()
-        await store.close()
+        await backends.close()
 
 
 async def test_jobs_flow_through_repeated_backend_terminations_and_no_worker_dies(

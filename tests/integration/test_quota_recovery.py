@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tenure.app import LocalClient, connect
+from tenure.app import LocalClient, connect, open_backends
 from tenure.backends.redis import RedisLeases
 from tenure.contracts.states import JobState
 from tenure.contracts.store import Leases, line_key, ticket_holder
@@ -94,6 +94,16 @@ async def lease_backend(backend: str, tmp_path: Path) -> AsyncIterator[tuple[str
         await drop_pg_schema(schema)
 
 
+@asynccontextmanager
+async def store_leases(database_url: str) -> AsyncIterator[Leases]:
+    """The store's own leases table, as a process's `Backends` reads it."""
+    backends = await open_backends(Settings(database_url=database_url), migrate=False)
+    try:
+        yield backends.leases
+    finally:
+        await backends.close()
+
+
 def _execution(holder: str) -> str:
     return holder.rsplit(":", 1)[0]
 
@@ -114,8 +124,8 @@ async def test_slots_of_a_sigkilled_worker_are_taken_up_within_ttl_plus_a_heartb
         tries: list[tuple[float, list[str]]] = []
         # 600 waiting jobs are over the default cap (500), which tenure.connect meets like the gateway.
         caps = Settings(database_url=database_url, max_queued=1000, max_queued_per_tenant=1000)
-        async with connect("tenure.examples:app", settings=caps) as client:
-            leases: Leases = redis_leases or client.store  # type: ignore[assignment]
+        async with connect("tenure.examples:app", settings=caps) as client, store_leases(database_url) as own:
+            leases: Leases = redis_leases or own
             await client.submit_many([JobRequest("chat", {"prompt": f"job {i}", "max_tokens": 8}) for i in range(600)])
             live = [fleet.spawn() for _ in range(3)]
             try:

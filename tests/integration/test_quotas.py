@@ -357,12 +357,12 @@ async def test_without_redis_waiters_in_other_processes_are_woken_by_a_notify_no
     """Leases in PostgreSQL: the release's hand-over is announced with a NOTIFY (PostgresChannel)."""
     import asyncpg
 
-    from tenure.app import open_store
+    from tenure.app import open_backends
     from tenure.backends.postgres import PostgresChannel, PostgresLeases
     from tenure.settings import Settings
     from tests.conftest import PG_BASE
 
-    await (await open_store(Settings(database_url=pg_database_url))).close()  # migrated
+    await (await open_backends(Settings(database_url=pg_database_url))).close()  # migrated
     leases = [await PostgresLeases.connect(pg_database_url) for _ in range(2)]
     prefix = f"t{namespace[:8]}:"
     channels = [PostgresChannel(pg_database_url, prefix=prefix) for _ in range(2)]
@@ -396,7 +396,7 @@ def test_a_long_topic_becomes_a_notify_channel_within_postgres_identifier_limit(
 async def test_waiters_poll_at_least_once_a_heartbeat(tmp_path: Path, with_redis: bool) -> None:
     # A slot freed by expiry (its holder died) is found only by a waiter's poll: polling less often than once a
     # heartbeat would take it up later than one TTL plus one heartbeat after the death.
-    from tenure.app import open_quotas, open_store
+    from tenure.app import open_backends, open_quotas
     from tenure.settings import Settings
 
     settings = Settings(
@@ -406,9 +406,9 @@ async def test_waiters_poll_at_least_once_a_heartbeat(tmp_path: Path, with_redis
         redis_url=REDIS_URL if with_redis else None,
         quotas={"k": QuotaSpec("k", 1)},
     )
-    store = await open_store(settings)
+    backends = await open_backends(settings)
     try:
-        async with open_quotas(settings, store, settings.claim_ttl_s) as quotas:
+        async with open_quotas(settings, backends, settings.claim_ttl_s) as quotas:
             assert quotas.poll_s <= settings.heartbeat_s
     finally:
-        await store.close()
+        await backends.close()

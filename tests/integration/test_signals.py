@@ -15,11 +15,11 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from tenure.app import connect, open_store
+from tenure.app import connect, open_backends
 from tenure.backends.redis import RedisChannel
 from tenure.contracts.errors import LeasesUnavailable
 from tenure.contracts.states import JobState
-from tenure.contracts.store import Store
+from tenure.contracts.store import Backends, Signals, Store
 from tenure.contracts.types import ControlOutcome, EventNotice, Start, new_id
 from tenure.settings import Settings
 from tests.conftest import PG_BASE
@@ -29,13 +29,13 @@ from tests.integration.redisproc import RedisProc
 
 
 @pytest.fixture
-async def stores(database_url: str, private_redis: RedisProc) -> AsyncIterator[tuple[Store, Store]]:
+async def stores(database_url: str, private_redis: RedisProc) -> AsyncIterator[tuple[Backends, Backends]]:
     """Two stores on one database and one Redis, as two processes would have: a writer and a reader."""
     settings = Settings(
         database_url=database_url, redis_url=private_redis.url, redis_prefix=f"tenure-test:{uuid.uuid4().hex}:"
     )
-    writer = await open_store(settings)
-    reader = await open_store(settings, migrate=False)
+    writer = await open_backends(settings)
+    reader = await open_backends(settings, migrate=False)
     try:
         yield writer, reader
     finally:
@@ -43,17 +43,17 @@ async def stores(database_url: str, private_redis: RedisProc) -> AsyncIterator[t
         await writer.close()
 
 
-async def subscribed_events(store: Store) -> None:
+async def subscribed_events(signals: Signals) -> None:
     """Until the reader's subscription is in place: only a subscribed feed answers a short wait with nothing
     (an unsubscribed one answers "anything may have changed")."""
     async with asyncio.timeout(10):
-        while await store.wait_for_events(0.2) != []:
+        while await signals.wait_for_events(0.2) != []:
             pass
 
 
-async def subscribed_control(store: Store) -> None:
+async def subscribed_control(signals: Signals) -> None:
     async with asyncio.timeout(10):
-        while await store.wait_for_control(0.2) != frozenset():
+        while await signals.wait_for_control(0.2) != frozenset():
             pass
 
 
@@ -65,39 +65,39 @@ async def started_job(store: Store) -> str:
     return job_id
 
 
-async def hinted_events(store: Store, job_id: str, within_s: float = 5) -> list[EventNotice]:
+async def hinted_events(signals: Signals, job_id: str, within_s: float = 5) -> list[EventNotice]:
     seen: list[EventNotice] = []
     async with asyncio.timeout(within_s):
         while True:
-            notices = await store.wait_for_events(within_s)
+            notices = await signals.wait_for_events(within_s)
             seen += notices
             if any(n.job_ids is not None and job_id in n.job_ids for n in notices):
                 return seen
 
 
-async def test_event_hints_travel_over_redis_to_another_store(stores: tuple[Store, Store]) -> None:
+async def test_event_hints_travel_over_redis_to_another_store(stores: tuple[Backends, Backends]) -> None:
     writer, reader = stores
-    await subscribed_events(reader)
-    job_id = await started_job(writer)  # execution.started: a history that grew
-    notices = await hinted_events(reader, job_id)
+    await subscribed_events(reader.signals)
+    job_id = await started_job(writer.jobs)  # execution.started: a history that grew
+    notices = await hinted_events(reader.signals, job_id)
     assert all(not n.events for n in notices), "hints carry job ids; readers go to the history"
-    assert [e.type for e in await reader.read_events(job_id, None, 10)] == ["execution.started"]
+    assert [e.type for e in await reader.jobs.read_events(job_id, None, 10)] == ["execution.started"]
 
 
-async def test_control_hints_travel_over_redis_to_the_owners_store(stores: tuple[Store, Store]) -> None:
+async def test_control_hints_travel_over_redis_to_the_owners_store(stores: tuple[Backends, Backends]) -> None:
     writer, reader = stores
-    job_id = await started_job(writer)
-    await subscribed_control(reader)
-    assert await writer.cancel(job_id) is ControlOutcome.REQUESTED
+    job_id = await started_job(writer.jobs)
+    await subscribed_control(reader.signals)
+    assert await writer.jobs.cancel(job_id) is ControlOutcome.REQUESTED
     async with asyncio.timeout(5):
-        while not (hint := await reader.wait_for_control(5)):
+        while not (hint := await reader.signals.wait_for_control(5)):
             pass
     assert job_id in hint
-    cancels, _ = await reader.control_state([job_id])
+    cancels, _ = await reader.jobs.control_state([job_id])
     assert cancels == {job_id}
-    assert await writer.send_command(job_id, None, "input", '{"text": "hi"}') is ControlOutcome.REQUESTED
+    assert await writer.jobs.send_command(job_id, None, "input", '{"text": "hi"}') is ControlOutcome.REQUESTED
     async with asyncio.timeout(5):
-        while not (hint := await reader.wait_for_control(5)):
+        while not (hint := await reader.signals.wait_for_control(5)):
             pass
     assert hint == {job_id}
 
@@ -110,30 +110,30 @@ async def test_events_are_notified_only_without_redis_and_while_a_listener_holds
     bodies: list[str] = []
     await listener.add_listener("tenure_events", lambda *args: bodies.append(args[-1]))
     try:
-        with_redis = await open_store(
+        with_redis = await open_backends(
             Settings(
                 database_url=pg_database_url, redis_url=private_redis.url, redis_prefix=f"tenure-test:{uuid.uuid4().hex}:"
             )
         )
         try:
-            await subscribed_events(with_redis)
-            quiet = await started_job(with_redis)
-            await hinted_events(with_redis, quiet)  # the hint went over Redis instead
-            also_quiet = await submit(with_redis, "echo", {"x": 2})
-            [(_, started)] = await with_redis.claim_and_start("w1", ["echo"], [], 1, 30)  # the claim connection
+            await subscribed_events(with_redis.signals)
+            quiet = await started_job(with_redis.jobs)
+            await hinted_events(with_redis.signals, quiet)  # the hint went over Redis instead
+            also_quiet = await submit(with_redis.jobs, "echo", {"x": 2})
+            [(_, started)] = await with_redis.jobs.claim_and_start("w1", ["echo"], [], 1, 30)  # the claim connection
             assert started.fence.job_id == also_quiet
-            await hinted_events(with_redis, also_quiet)
+            await hinted_events(with_redis.signals, also_quiet)
             await asyncio.sleep(0.5)
         finally:
             await with_redis.close()
-        without = await open_store(Settings(database_url=pg_database_url), migrate=False)
+        without = await open_backends(Settings(database_url=pg_database_url), migrate=False)
         try:
             # Nobody streams events yet: no NOTIFY either (writers notify only while a listener holds a lease).
-            unheard = await started_job(without)
+            unheard = await started_job(without.jobs)
             await asyncio.sleep(0.5)
             assert not any(unheard in b for b in bodies), "a NOTIFY with no event listener registered"
-            await without.wait_for_events(0.1)  # listens, and takes its lease in event_listeners
-            loud = await started_job(without)
+            await without.signals.wait_for_events(0.1)  # listens, and takes its lease in event_listeners
+            loud = await started_job(without.jobs)
 
             async def notified() -> bool:
                 return any(loud in b for b in bodies)
@@ -147,21 +147,21 @@ async def test_events_are_notified_only_without_redis_and_while_a_listener_holds
 
 
 async def test_a_reader_polls_while_redis_is_down_and_resubscribes_after_it_restarts(
-    stores: tuple[Store, Store], private_redis: RedisProc
+    stores: tuple[Backends, Backends], private_redis: RedisProc
 ) -> None:
     writer, reader = stores
-    await subscribed_events(reader)
+    await subscribed_events(reader.signals)
     private_redis.kill()
     # Lost: the reader is told "anything may have changed", and again at least every second while down.
     async with asyncio.timeout(5):
-        assert await reader.wait_for_events(5) == [EventNotice(None)]
+        assert await reader.signals.wait_for_events(5) == [EventNotice(None)]
     for _ in range(3):
         async with asyncio.timeout(3):
-            assert await reader.wait_for_events(5) == [EventNotice(None)]
+            assert await reader.signals.wait_for_events(5) == [EventNotice(None)]
     private_redis.start()
-    await subscribed_events(reader)  # resubscribed on its own
-    job_id = await started_job(writer)
-    await hinted_events(reader, job_id)
+    await subscribed_events(reader.signals)  # resubscribed on its own
+    job_id = await started_job(writer.jobs)
+    await hinted_events(reader.signals, job_id)
 
 
 async def test_a_cancel_reaches_a_running_job_over_redis_long_before_a_heartbeat(
@@ -198,42 +198,43 @@ async def test_an_owner_listens_for_jobs_and_commands_on_one_connection_and_reco
     """Without Redis a worker's store LISTENs on tenure_jobs and tenure_control over one connection (a NOTIFY
     wakes every listening backend of the database); when that backend is killed, the owner is told to check
     every job, and both wake-ups work again."""
-    owner = await open_store(Settings(database_url=pg_database_url))
-    other = await open_store(Settings(database_url=pg_database_url), migrate=False)
+    owner = await open_backends(Settings(database_url=pg_database_url))
+    other_process = await open_backends(Settings(database_url=pg_database_url), migrate=False)
+    other = other_process.jobs
     admin = await asyncpg.connect(PG_BASE)
     try:
         job_id = await started_job(other)
-        await owner.wait_for_jobs(0.01)
-        assert await owner.wait_for_control(0.01) is None  # listening from now: check what came before
-        assert await owner.wait_for_control(0.01) == frozenset()
-        listen_pid = owner._listen.connection.get_server_pid()  # type: ignore[attr-defined,union-attr]
+        await owner.signals.wait_for_jobs(0.01)
+        assert await owner.signals.wait_for_control(0.01) is None  # listening from now: check what came before
+        assert await owner.signals.wait_for_control(0.01) == frozenset()
+        listen_pid = owner.signals._listen.connection.get_server_pid()  # type: ignore[attr-defined]
         backends = await admin.fetch(
             "SELECT pid FROM pg_stat_activity WHERE query LIKE 'LISTEN%' AND pid = ANY($1::int[])",
-            [listen_pid, owner._claim.connection.get_server_pid()],  # type: ignore[attr-defined,union-attr]
+            [listen_pid, owner.jobs.store._db.claim_connection.get_server_pid()],  # type: ignore[attr-defined]
         )
         assert [r["pid"] for r in backends] == [listen_pid]
         assert await admin.fetchval("SELECT pg_terminate_backend($1)", listen_pid)
         async with asyncio.timeout(5):
-            assert await owner.wait_for_control(5) is None  # commands may have been missed: check them all
+            assert await owner.signals.wait_for_control(5) is None  # commands may have been missed: check them all
         # Sent around the reconnection: before the owner listens again (then the new LISTEN says "check them
         # all"), or after (then the cancel's own hint names the job) — which one depends on when the client
         # noticed the loss. Either way the owner learns of it.
         assert await other.cancel(job_id) is ControlOutcome.REQUESTED
         async with asyncio.timeout(5):
-            hint = await owner.wait_for_control(5)
+            hint = await owner.signals.wait_for_control(5)
         assert hint is None or job_id in hint, hint
         assert await other.send_command(job_id, None, "input", "{}") is ControlOutcome.REQUESTED
         async with asyncio.timeout(5):
-            while not (hint := await owner.wait_for_control(5)):
+            while not (hint := await owner.signals.wait_for_control(5)):
                 pass
         assert hint == {job_id}
         await submit(other, "echo", {"wake": 1})
         started = asyncio.get_running_loop().time()
-        await owner.wait_for_jobs(10)
+        await owner.signals.wait_for_jobs(10)
         assert asyncio.get_running_loop().time() - started < 5, "the enqueue's NOTIFY did not wake the owner"
     finally:
         await admin.close()
-        await other.close()
+        await other_process.close()
         await owner.close()
 
 

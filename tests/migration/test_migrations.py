@@ -9,8 +9,8 @@ from pathlib import Path
 
 import asyncpg
 
-from tenure.app import open_store
-from tenure.backends.sqlite.store import _split_sql
+from tenure.app import open_backends
+from tenure.backends.sqlite._connection import split_sql
 from tenure.settings import Settings
 from tests.conftest import PG_BASE, drop_pg_schema, new_pg_schema, pg_url
 
@@ -28,11 +28,11 @@ def _sqlite_shape(path: Path) -> list[tuple[str, str, str]]:
 
 
 async def test_sqlite_migrations_equal_the_schema_file(tmp_path: Path) -> None:
-    store = await open_store(Settings(database_url=f"sqlite:///{tmp_path}/migrated.db"))
-    await store.close()
+    backends = await open_backends(Settings(database_url=f"sqlite:///{tmp_path}/migrated.db"))
+    await backends.close()
     schema = resources.files("tenure.backends.sqlite").joinpath("schema.sql").read_text()
     db = sqlite3.connect(tmp_path / "schema.db")
-    for statement in _split_sql(schema):
+    for statement in split_sql(schema):
         db.execute(statement)
     db.commit()
     db.close()
@@ -55,8 +55,8 @@ ORDER BY 1, 2
 async def test_postgres_migrations_equal_the_schema_file() -> None:
     migrated, fresh = await new_pg_schema(), await new_pg_schema()
     try:
-        store = await open_store(Settings(database_url=pg_url(migrated)))
-        await store.close()
+        backends = await open_backends(Settings(database_url=pg_url(migrated)))
+        await backends.close()
         schema = resources.files("tenure.backends.postgres").joinpath("schema.sql").read_text()
         conn = await asyncpg.connect(PG_BASE, server_settings={"search_path": fresh})
         try:

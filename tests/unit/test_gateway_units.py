@@ -24,7 +24,7 @@ def test_an_event_continues_a_cursor_only_at_the_next_seq_or_the_first_of_a_newe
 
 
 def test_live_events_drop_duplicates_and_older_epochs_and_turn_gaps_into_history_reads() -> None:
-    hub = EventHub(store=None, idle_s=5.0)  # type: ignore[arg-type]  # the store is not touched here
+    hub = EventHub(store=None, signals=None, idle_s=5.0)  # type: ignore[arg-type]  # neither is touched here
     sub = hub.subscribe("job", (2, 3))
     sub._dirty, sub._primed = False, True
     sub.push([ev(2, 3), ev(1, 9), ev(2, 5), ev(2, 4)])  # a duplicate, an older epoch, out of order

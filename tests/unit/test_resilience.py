@@ -100,7 +100,7 @@ async def test_a_heartbeat_that_never_answers_still_fences_the_worker_after_one_
     slots.take()
     held.claimed["job-1"] = Claim(Fence("job-1", 1, 7), "echo", "{}", 0, 3, None, False, "default")
     store = _SilentStore()
-    beat = Heartbeat(store, "w-silent", config, held, Health(obs), obs, None)  # type: ignore[arg-type]
+    beat = Heartbeat(store, None, "w-silent", config, held, Health(obs), obs, None)  # type: ignore[arg-type]
     began = time.monotonic()
     task = asyncio.create_task(beat.run())
     try:

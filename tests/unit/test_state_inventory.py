@@ -41,15 +41,15 @@ _METRICS = (
 
 ALLOWED: dict[str, str] = {
     # -- in docs/state-inventory.md
-    "tenure.backends.postgres.store.PostgresStore._control_jobs": ROW,
-    "tenure.backends.postgres.store.PostgresStore._notices": ROW,
+    "tenure.backends.postgres.signals.PostgresSignals._control_jobs": ROW,
+    "tenure.backends.postgres.signals.PostgresSignals._notices": ROW,
     "tenure.backends.redis.ready_index.RedisReadyIndex._groups": ROW,
     "tenure.backends.signals.ChannelSignals._outbox": ROW,
     "tenure.backends.signals._Feed.jobs": ROW,
     "tenure.backends.sqlite.doorbell.Watch._events": ROW,
-    "tenure.backends.sqlite.store.ConnectionThread._pending": ROW,
-    "tenure.backends.sqlite.store.SqliteStore._bells": ROW,
-    "tenure.backends.sqlite.store.SqliteStore._watched": ROW,
+    "tenure.backends.sqlite._connection.ConnectionThread._pending": ROW,
+    "tenure.backends.sqlite.signals.SqliteSignals._bells": ROW,
+    "tenure.backends.sqlite.signals.SqliteSignals._watched": ROW,
     "tenure.contracts.types._id_last": ROW,
     "tenure.control.admission.InFlight._pending": ROW,
     "tenure.control.quotas.QuotaManager._held": ROW,

@@ -1,8 +1,14 @@
 """A small registry of named SQL queries, one file per dialect.
 
 Each query in `queries.sql` sits under a header line `-- name: claim_jobs --` followed by one comment line
-saying what it does. The file is parsed once at import; a test checks that every dialect defines the same
-names, so the backends cannot drift apart.
+saying what it does. The file is parsed once at import.
+
+The two dialects do not define the same names, on purpose: each names its statements for its own shape
+(PostgreSQL claims, starts or finishes a whole batch in one statement; SQLite runs one statement per row inside
+one transaction). What keeps the backends from drifting apart is behaviour, not names: the contract suite
+(tests/contract) runs every store method against both, and the domain rules the SQL is given come from one
+place (`_rules.py`). tests/unit/test_queries.py checks that every query a backend runs is defined, that every
+defined query is run, and that each says what it does.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
-"""`ChannelSignals`: a store's live hints over a `Channel` (Redis pub/sub) instead of the database.
+"""`ChannelSignals`: the `Signals` protocol with its events and control hints over a `Channel` (Redis pub/sub)
+instead of the database.
 
-Two hints leave a store when something changed that another process is waiting for:
+Two hints leave a process when something changed that another process is waiting for:
 
     events    a job's history grew (a gateway's event streams read it)     topic `events`,  body `id,id,...`
     control   a job got a cancel request or a command (its owner acts)     topic `control`, body `id,id,...`
@@ -10,6 +11,10 @@ the cluster) and SQLite as polling of `PRAGMA data_version`. With `TENURE_REDIS_
 NOTIFY for them and `ChannelSignals` publishes the hints after the write committed, from a background task, so a
 write never waits on Redis. Hints carry job ids, not events: the reader goes to the history, in one batched read
 for all its streams, so a hint can never show an event the history does not hold.
+
+The third hint, "jobs became claimable", stays with the database's own signals (`jobs`: NOTIFY on PostgreSQL,
+the doorbell on SQLite): with Redis, the ready index (`RedisReadyIndex`) is what wakes workers first, and the
+database's wake-up is its floor.
 
 Redis is the accelerator, never the truth. A subscriber that loses its subscription (Redis restarted, the
 connection cut) tells its reader "anything may have changed" and then every `down_poll_s` until it is subscribed
@@ -24,9 +29,11 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from tenure.contracts.channel import Channel
 from tenure.contracts.errors import StoreUnavailable
+from tenure.contracts.store import Signals
 from tenure.contracts.types import EventNotice
 
 log = logging.getLogger("tenure.signals")
@@ -71,10 +78,12 @@ class _Feed:
 
 
 class ChannelSignals:
-    """Publish and receive a store's `events` and `control` hints on a `Channel`. One per store."""
+    """Publish and receive the `events` and `control` hints on a `Channel`; jobs wake-ups through `jobs`, the
+    database's own signals. Owns both: `close` closes the channel and `jobs`."""
 
-    def __init__(self, channel: Channel, *, down_poll_s: float = 1.0, retry_max_s: float = 5.0) -> None:
+    def __init__(self, channel: Channel, jobs: Signals, *, down_poll_s: float = 1.0, retry_max_s: float = 5.0) -> None:
         self.channel = channel
+        self._jobs = jobs
         self.down_poll_s = down_poll_s
         self.retry_max_s = retry_max_s
         self._events = _Feed(EVENTS_TOPIC)
@@ -86,6 +95,10 @@ class ChannelSignals:
         self._closed = False
 
     # -- publishing ---------------------------------------------------------------------------------------------
+    def jobs_changed(self) -> None:
+        """Jobs became claimable: the database's signals tell the workers."""
+        self._jobs.jobs_changed()
+
     def events_changed(self, job_ids: Iterable[str]) -> None:
         """These jobs' histories grew (call after the write committed). Never blocks, never raises."""
         self._post(EVENTS_TOPIC, job_ids)
@@ -132,15 +145,19 @@ class ChannelSignals:
                     self._publish_failing = False
 
     # -- receiving ----------------------------------------------------------------------------------------------
+    async def wait_for_jobs(self, timeout_s: float) -> None:
+        """The database's wait for claimable jobs."""
+        await self._jobs.wait_for_jobs(timeout_s)
+
     async def wait_for_events(self, timeout_s: float) -> list[EventNotice]:
-        """The store's `wait_for_events` over the channel."""
+        """`Signals.wait_for_events` over the channel."""
         jobs = await self._wait(self._events, timeout_s)
         if jobs is None:
             return [EventNotice(None)]
         return [EventNotice(jobs)] if jobs else []
 
     async def wait_for_control(self, timeout_s: float) -> frozenset[str] | None:
-        """The store's `wait_for_control` over the channel."""
+        """`Signals.wait_for_control` over the channel."""
         return await self._wait(self._control, timeout_s)
 
     async def _wait(self, feed: _Feed, timeout_s: float) -> frozenset[str] | None:
@@ -174,17 +191,25 @@ class ChannelSignals:
             delay = min(delay * 2, self.retry_max_s)
 
     async def close(self) -> None:
-        """Send what is still in the outbox (bounded), stop listening, close the channel. Idempotent."""
+        """Send what is still in the outbox (bounded), stop listening, close the channel and the database's
+        signals. Idempotent."""
         if self._closed:
             return
         self._closed = True
-        if any(self._outbox.values()):
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(2):
-                    await self._flush()
-        for task in (self._publisher, self._events.task, self._control.task):
-            if task is not None and not task.done():
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-        await self.channel.close()
+        try:
+            if any(self._outbox.values()):
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(2):
+                        await self._flush()
+            for task in (self._publisher, self._events.task, self._control.task):
+                if task is not None and not task.done():
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+            await self.channel.close()
+        finally:
+            await self._jobs.close()
+
+
+if TYPE_CHECKING:
+    _PROTOCOL_CHECK: type[Signals] = ChannelSignals

@@ -27,7 +27,7 @@ from tenure.contracts.errors import (
     UnknownAgent,
 )
 from tenure.contracts.states import TERMINAL, JobState, WorkerState, check_transition
-from tenure.contracts.store import LeaseRef, Leases, Store
+from tenure.contracts.store import Backends, JobStore, LeaseRef, Leases, Signals, Store
 from tenure.contracts.types import (
     AdmissionState,
     AgentSpec,
@@ -60,6 +60,7 @@ __all__ = [
     "AdapterSlotLost",
     "AdmissionState",
     "AgentSpec",
+    "Backends",
     "CircuitState",
     "Claim",
     "Command",
@@ -82,6 +83,7 @@ __all__ = [
     "JobCancelled",
     "JobFilter",
     "JobState",
+    "JobStore",
     "LeaseLost",
     "LeaseRef",
     "Leases",
@@ -95,6 +97,7 @@ __all__ = [
     "QuotaExhausted",
     "QuotaUnavailable",
     "RetryableError",
+    "Signals",
     "Start",
     "Started",
     "Store",

@@ -9,6 +9,9 @@
     scheduled ─▶ cancelled | expired
 
 Ownership (owner, epoch, token) is not a state: a queued job may be owned (claimed, not started).
+
+The table governs: the contract suite logs every state change it makes in either backend (a test-only
+trigger on `jobs`) and fails when one is not in `TRANSITIONS` (tests/contract/conftest.py).
 """
 
 from __future__ import annotations
@@ -45,6 +48,8 @@ ACTIVE: frozenset[JobState] = frozenset({JobState.RUNNING, JobState.WAITING})
 REQUEUEABLE: frozenset[JobState] = TERMINAL - {JobState.SUCCEEDED}
 
 _S = JobState
+INITIAL: JobState = _S.QUEUED
+"""Every job is admitted in this state."""
 TRANSITIONS: dict[JobState, frozenset[JobState]] = {
     _S.QUEUED: frozenset({_S.RUNNING, _S.CANCELLED, _S.EXPIRED}),
     _S.SCHEDULED: frozenset({_S.QUEUED, _S.CANCELLED, _S.EXPIRED}),

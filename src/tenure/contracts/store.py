@@ -1,18 +1,29 @@
-"""The protocols the control plane and the worker speak; backends implement them.
+"""The store protocols the control plane, the gateway and the worker speak; backends implement them.
 
-`Store` is the durable truth: jobs, executions, events, workers. Every method that changes a job is one
-conditional update (or a batch of them) that names the state and the fence it expects; a write that matches
-no row did not happen, and the caller is told which ones did.
+The store is three protocols, one concern each (as Oban splits its engine from its notifier, and River its
+executor from its listener):
 
-`Leases` holds named, heartbeated, per-holder slots (quotas, the sweeper duty). The SQL stores implement it
-on a `leases` table with the database clock; Redis implements it with a ZSET and Lua on Redis's own `TIME`.
+    JobStore   the durable truth: jobs, executions, events, commands, workers. Every method that changes a job
+               is one conditional update (or a batch of them) that names the state and the fence it expects; a
+               write that matches no row did not happen, and the caller is told which ones did.
+    Signals    what wakes other processes after a commit (a job became claimable, a history grew, a command was
+               sent) and the three waits that hear it. A hint, never a promise: every wait has a timeout, and the
+               waiter re-reads the JobStore. One implementation per transport: PostgreSQL NOTIFY / LISTEN, SQLite
+               `data_version` polling plus doorbells, Redis pub/sub (`backends/signals.py`).
+    Leases     named, heartbeated, per-holder slots (quotas, the sweeper duty). The SQL stores implement it on a
+               `leases` table with the database clock; Redis with a ZSET and Lua on Redis's own `TIME`.
+
+`Backends` bundles the three as the composition root opens them (`tenure.app.open_backends`), to be closed once.
+Its `jobs` is the JobStore every caller uses: each write of the dialect's store followed by the Signals call
+that tells other processes of it (`backends/after_commit.py`), so what happens after a commit is written once,
+above the dialects.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Protocol, TypeVar, runtime_checkable
 
 from tenure.contracts.states import JobState, WorkerState
 from tenure.contracts.types import (
@@ -40,15 +51,52 @@ from tenure.contracts.types import (
     new_id,
 )
 
+T = TypeVar("T")
+
+
+class OffloadStats(Protocol):
+    """A store's own blocking-call thread seen as a blocking adapter (seed 000), for the metrics: what
+    `tenure.observability.metrics.watch_adapter` reads."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def max_in_flight(self) -> int: ...
+    @property
+    def in_flight(self) -> int: ...
+    @property
+    def queued(self) -> int: ...
+    @property
+    def completed(self) -> int: ...
+    @property
+    def failed_closed(self) -> int: ...
+    @property
+    def rejected_queue_full(self) -> int: ...
+    @property
+    def rejected_queue_timeout(self) -> int: ...
+
 
 @runtime_checkable
-class Store(Protocol):
-    """The durable store of jobs (SQLite or PostgreSQL). All times come from the database server's clock."""
+class JobStore(Protocol):
+    """The durable truth (SQLite or PostgreSQL). All times come from the database server's clock."""
 
-    dialect: str
-    # True when `finish_and_claim` writes both in one commit (SQLite: one write transaction instead of two, on a
-    # store whose cost is commits and writer turns); the worker then hands its pending finishes to its next claim.
-    claim_carries_finishes: bool
+    @property
+    def dialect(self) -> str:
+        """`sqlite` or `postgres`."""
+        ...
+
+    @property
+    def offload(self) -> OffloadStats | None:
+        """The store's connection thread as a blocking adapter of bound 1 (SQLite), for the metrics; None for a
+        store whose driver never blocks the loop (PostgreSQL)."""
+        ...
+
+    @property
+    def claim_carries_finishes(self) -> bool:
+        """True when `finish_and_claim` writes both in one commit (SQLite: one write transaction instead of two,
+        on a store whose cost is commits and writer turns); the worker then hands its pending finishes to its
+        next claim."""
+        ...
 
     # -- lifecycle ---------------------------------------------------------------------------------------
     async def migrate(self) -> int:
@@ -59,8 +107,22 @@ class Store(Protocol):
         """The schema version applied to the database (0 when empty)."""
         ...
 
+    def latest_schema_version(self) -> int:
+        """The schema version this code migrates to."""
+        ...
+
     async def server_time(self) -> float:
         """The database server's clock, in seconds since the epoch."""
+        ...
+
+    async def server_version(self) -> str:
+        """The database server's (or library's) version, for `tenure doctor`."""
+        ...
+
+    async def run_between_transactions(self, fn: Callable[[], T]) -> T:
+        """Run `fn` (fault injection's freeze) where freezing the process stalls no other process's writes: on
+        SQLite, on the connection thread between two transactions (a process frozen inside one would hold the
+        database's write lock, stalling every writer on the machine until it resumes)."""
         ...
 
     async def close(self) -> None:
@@ -69,9 +131,9 @@ class Store(Protocol):
 
     # -- admission -----------------------------------------------------------------------------------------
     async def enqueue(self, jobs: Sequence[NewJob]) -> list[Enqueued]:
-        """Insert jobs and wake workers; answer each with the job as inserted. A job whose (tenant, idempotency
-        digest) exists is not inserted: its answer is the existing job when the request fingerprint matches,
-        else `IdempotencyConflict`."""
+        """Insert jobs; answer each with the job as inserted. A job whose (tenant, idempotency digest) exists is
+        not inserted: its answer is the existing job when the request fingerprint matches, else
+        `IdempotencyConflict`."""
         ...
 
     async def get_job(self, job_id: str, tenant: str | None = None) -> Job | None:
@@ -180,13 +242,7 @@ class Store(Protocol):
         """Unfinished jobs by state and the ready queue by tenant, through indexes only (for metrics)."""
         ...
 
-    # -- wake-up -----------------------------------------------------------------------------------------------------
-    async def wait_for_jobs(self, timeout_s: float) -> None:
-        """Return when new work may be claimable (NOTIFY on Postgres, a change of the database on SQLite),
-        or after `timeout_s`. A wake-up is a hint, never a promise."""
-        ...
-
-    # -- the gateway's side: admission counts, control commands, live events ----------------------------------------
+    # -- the gateway's side: admission counts, control commands ------------------------------------------------------
     async def admission_state(
         self, tenant: str, circuit_key: str, threshold: int, window_s: float, open_s: float
     ) -> AdmissionState:
@@ -231,19 +287,51 @@ class Store(Protocol):
         same transaction. False when the fence no longer owns the job in the expected state."""
         ...
 
-    async def wait_for_control(self, timeout_s: float) -> frozenset[str] | None:
-        """Return the ids of jobs that got a control command (cancel request, input, approval) since the last
-        call, waiting up to `timeout_s` (an empty set on timeout; None: any job may have, check them all).
-        A hint for the owners' fast path; the heartbeat reply stays the floor. One consumer per store."""
-        ...
-
     async def control_state(self, job_ids: Sequence[str]) -> tuple[frozenset[str], dict[str, int]]:
         """For these jobs: the ones with a cancel request, and the last command sequence number of each."""
         ...
 
+
+@runtime_checkable
+class Signals(Protocol):
+    """What wakes other processes after a commit, and the waits that hear it.
+
+    The publishing half (`jobs_changed`, `events_changed`, `control_sent`) is called once per committed write,
+    after the commit, with what the write returned (`backends/after_commit.py`); it never blocks and never
+    raises. An implementation whose transport rides inside the transaction (PostgreSQL's NOTIFY, sent by the
+    SQL at commit) has nothing left to do there. The waiting half returns early on a hint or after `timeout_s`;
+    a hint is never a promise, and a waiter always re-reads the JobStore."""
+
+    def jobs_changed(self) -> None:
+        """A commit made jobs claimable (enqueued, released, requeued, due again)."""
+        ...
+
+    def events_changed(self, job_ids: Iterable[str]) -> None:
+        """A commit appended to these jobs' histories."""
+        ...
+
+    def control_sent(self, job_ids: Iterable[str]) -> None:
+        """A commit gave these jobs a cancel request or a command for their owners."""
+        ...
+
+    async def wait_for_jobs(self, timeout_s: float) -> None:
+        """Return when new work may be claimable (NOTIFY on Postgres, a change of the database on SQLite),
+        or after `timeout_s`. A wake-up is a hint, never a promise."""
+        ...
+
     async def wait_for_events(self, timeout_s: float) -> list[EventNotice]:
         """Return the notices of appended events since the last call, waiting up to `timeout_s` for one
-        (an empty list on timeout). One consumer per store instance (the gateway's event hub)."""
+        (an empty list on timeout). One consumer per instance (the gateway's event hub)."""
+        ...
+
+    async def wait_for_control(self, timeout_s: float) -> frozenset[str] | None:
+        """Return the ids of jobs that got a control command (cancel request, input, approval) since the last
+        call, waiting up to `timeout_s` (an empty set on timeout; None: any job may have, check them all).
+        A hint for the owners' fast path; the heartbeat reply stays the floor. One consumer per instance."""
+        ...
+
+    async def close(self) -> None:
+        """Stop listening and release connections. Idempotent."""
         ...
 
 
@@ -316,12 +404,49 @@ class Leases(Protocol):
         and the ticket leaves the line. Returns the tickets served, oldest first (tell their waiters)."""
         ...
 
+    async def close(self) -> None:
+        """Release what this instance owns (leases on a store's own connections own nothing). Idempotent."""
+        ...
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Backends:
+    """The three store protocols of one process, opened together by the composition root
+    (`tenure.app.open_backends`) and closed once with `close`.
+
+    `jobs` already sends its writes' signals (see the module docstring): callers never call the publishing half
+    of `signals` themselves, only its waits. `leases` is the store's own `leases` table (the sweeper duty, and
+    quotas unless `TENURE_REDIS_URL` puts them on Redis, see `tenure.app.open_quotas`)."""
+
+    jobs: JobStore
+    signals: Signals
+    leases: Leases
+
+    async def close(self) -> None:
+        """Close the signals (their listeners and outbox), then the leases, then the job store, which owns the
+        connections the other two may share. Each close is idempotent, so this is too."""
+        try:
+            await self.signals.close()
+        finally:
+            try:
+                await self.leases.close()
+            finally:
+                await self.jobs.close()
+
+
+Store = JobStore
+"""The name callers used before the store was split in three; new code names `JobStore`."""
+
 
 __all__ = [
     "WAIT_SUFFIX",
+    "Backends",
     "JobState",
+    "JobStore",
     "LeaseRef",
     "Leases",
+    "OffloadStats",
+    "Signals",
     "Store",
     "line_key",
     "new_ticket",

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from tenure.contracts.errors import IdempotencyConflict
 from tenure.contracts.states import JobState, WorkerState
 
 DEFAULT_TENANT = "default"
@@ -166,6 +167,16 @@ class Enqueued:
     def job_id(self) -> str:
         """The job's id."""
         return self.job.id
+
+
+def check_replay(existing_job_id: str, existing_fingerprint: bytes, request_fingerprint: bytes) -> None:
+    """A request whose idempotency key names an existing job is answered with that job only when it is the same
+    request (equal fingerprints); else it is an `IdempotencyConflict`, never a silent reuse. The one rule every
+    door applies: the stores' enqueue, admission's replay under a refusal, the in-process placeholder."""
+    if existing_fingerprint != request_fingerprint:
+        raise IdempotencyConflict(
+            "this idempotency key was already used for a different request", existing_job_id=existing_job_id
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,7 +36,7 @@ from tenure.contracts.errors import (
 )
 from tenure.contracts.ready import ReadyHint, ReadyIndex
 from tenure.contracts.store import Store
-from tenure.contracts.types import DEFAULT_TENANT, AgentSpec, Enqueued, Job, NewJob, holds_nul, new_id
+from tenure.contracts.types import DEFAULT_TENANT, AgentSpec, Enqueued, Job, NewJob, check_replay, holds_nul, new_id
 from tenure.control.gate import CircuitOpen, Gate, GateConfig, GateObserver, QueueFull
 from tenure.control.models import KEY, TENANT, JobSpec, check, shown, validated
 
@@ -311,10 +311,10 @@ class Admission:
         if found is None:
             return None
         job_id, fingerprint = found
-        if fingerprint != job.request_fingerprint:
-            raise IdempotencyConflict(
-                "this idempotency key was already used for a different request", existing_job_id=job_id
-            ) from None
+        try:
+            check_replay(job_id, fingerprint, job.request_fingerprint)
+        except IdempotencyConflict as conflict:
+            raise conflict from None  # the key's answer, not the refusal it stands in for
         existing = await self.store.get_job(job_id)
         return None if existing is None else Admitted(existing, False)
 
@@ -349,11 +349,7 @@ class InFlight:
         if held is not None:
             first_fingerprint, fut = held
             result = await asyncio.shield(fut)
-            if first_fingerprint != fingerprint:
-                raise IdempotencyConflict(
-                    "this idempotency key was already used for a different request",
-                    existing_job_id=result.job.id,
-                )
+            check_replay(result.job.id, first_fingerprint, fingerprint)
             return Admitted(result.job, False)
         fut = asyncio.get_running_loop().create_future()
         self._pending[digest] = (fingerprint, fut)

@@ -32,7 +32,7 @@ from starlette.websockets import WebSocket
 from tenure.contracts.errors import TenureError
 from tenure.contracts.ready import ReadyIndex
 from tenure.contracts.states import JobState
-from tenure.contracts.store import Store
+from tenure.contracts.store import Backends
 from tenure.contracts.types import AgentSpec, ControlOutcome, Job, JobFilter, dumps, is_uuid
 from tenure.control.admission import ENVELOPE_DEPTH, Admission, AdmissionLimits, parse_json
 from tenure.control.gate import GateConfig
@@ -85,7 +85,7 @@ class Gateway:
 
     def __init__(
         self,
-        store: Store,
+        backends: Backends,
         agents: Mapping[str, AgentSpec],
         auth: Auth | None = None,
         config: GatewayConfig | None = None,
@@ -94,7 +94,7 @@ class Gateway:
         on_stop: Callable[[], Awaitable[None]] | None = None,
         ready_index: ReadyIndex | None = None,
     ) -> None:
-        self.store = store
+        store = self.store = backends.jobs
         self.config = config or GatewayConfig()
         self.auth = auth or Auth.open()
         # The one admission door (the CLI and tenure.connect use the same); with a ready index
@@ -104,7 +104,7 @@ class Gateway:
         )
         self.jobs = JobsService(store, self.admission)
         self._openapi: dict[str, Any] | None = None
-        self.hub = EventHub(store, self.config.sse_idle_s)
+        self.hub = EventHub(store, backends.signals, self.config.sse_idle_s)
         self._on_start = on_start
         self._on_stop = on_stop
         metrics.QUEUE_CAPACITY.labels("global").set(self.config.gate.max_queued)

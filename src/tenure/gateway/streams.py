@@ -1,6 +1,6 @@
 """Event streams for clients: history first, live tail second, no gap and no duplicate.
 
-    EventHub      one per gateway process: the only reader of `Store.wait_for_events`; fans notices out
+    EventHub      one per gateway process: the only reader of `Signals.wait_for_events`; fans notices out
     Subscription  one per client stream: a cursor (epoch, seq) that only moves forward
 
 A subscription registers with the hub *before* it reads the history, so nothing appended in between is
@@ -20,7 +20,7 @@ import logging
 from collections.abc import AsyncIterator
 
 from tenure.contracts.errors import StoreUnavailable
-from tenure.contracts.store import Store
+from tenure.contracts.store import JobStore, Signals
 from tenure.contracts.types import Event, EventNotice
 
 log = logging.getLogger("tenure.gateway.streams")
@@ -148,8 +148,9 @@ class Subscription:
 class EventHub:
     """Fans the store's event notices out to the subscriptions of this process."""
 
-    def __init__(self, store: Store, idle_s: float = 5.0) -> None:
+    def __init__(self, store: JobStore, signals: Signals, idle_s: float = 5.0) -> None:
         self.store = store
+        self.signals = signals
         self.idle_s = idle_s
         self._subs: dict[str, set[Subscription]] = {}
 
@@ -213,7 +214,7 @@ class EventHub:
         """Forever: wait for notices and dispatch them. A store failure makes every subscriber re-read."""
         while True:
             try:
-                notices = await self.store.wait_for_events(1.0)
+                notices = await self.signals.wait_for_events(1.0)
             except StoreUnavailable as exc:
                 log.warning("event notices unavailable, subscribers poll the history: %s", exc)
                 await asyncio.sleep(0.5)

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 from tenure.contracts.errors import ConfigError, QuotaExhausted, QuotaUnavailable, StoreUnavailable
 from tenure.contracts.ready import Delivery, ReadyHint, ReadyIndex
 from tenure.contracts.states import JobState
-from tenure.contracts.store import LeaseRef, Store
+from tenure.contracts.store import LeaseRef, Signals, Store
 from tenure.contracts.types import Claim, JobFilter, Start, Started, new_id
 from tenure.control.quotas import QuotaManager
 from tenure.kernel.registry import Tenure
@@ -69,17 +69,17 @@ class Candidates(Protocol):
 
 
 class StoreWakeups:
-    """Candidates from the store's own wake-ups: NOTIFY on PostgreSQL, doorbells and `data_version` on SQLite
-    (the poll interval is the floor)."""
+    """Candidates from the store's own wake-ups (its `Signals`): NOTIFY on PostgreSQL, doorbells and
+    `data_version` on SQLite (the poll interval is the floor)."""
 
-    def __init__(self, store: Store, poll_s: float, stop: asyncio.Event) -> None:
-        self._store = store
+    def __init__(self, signals: Signals, poll_s: float, stop: asyncio.Event) -> None:
+        self._signals = signals
         self._poll_s = poll_s
         self._stop = stop
 
     async def next(self, free: int, idle: bool) -> list[Delivery]:
         if idle:
-            await wait_any(self._store.wait_for_jobs(self._poll_s), self._stop, self._poll_s)
+            await wait_any(self._signals.wait_for_jobs(self._poll_s), self._stop, self._poll_s)
         return []
 
     async def done(self, deliveries: list[Delivery], claimed: set[str]) -> None:
@@ -97,14 +97,14 @@ INDEX_RETRY_MAX_S = 30.0
 class ReadyIndexHints:
     """Candidates from the Redis ready index, with the store's wake-ups as the floor while it is down."""
 
-    def __init__(self, index: ReadyIndex, store: Store, agents: Sequence[str], worker_id: str, poll_s: float,
-                 stop: asyncio.Event) -> None:  # fmt: skip
+    def __init__(self, index: ReadyIndex, store: Store, signals: Signals, agents: Sequence[str], worker_id: str,
+                 poll_s: float, stop: asyncio.Event) -> None:  # fmt: skip
         self._index = index
         self._store = store
         self._agents = list(agents)
         self._worker_id = worker_id
         self._poll_s = poll_s
-        self._fallback = StoreWakeups(store, poll_s, stop)
+        self._fallback = StoreWakeups(signals, poll_s, stop)
         self._down_until = 0.0
         self._failures = 0  # reads of the index failed in a row
 

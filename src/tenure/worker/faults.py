@@ -39,7 +39,7 @@ class Faults:
     """Parsed fault rules; `await faults.hit(point, agents)` runs a matching rule once.
 
     `freeze` performs the `stop` action; the composition root may route it through the store so that the
-    process never freezes holding a database lock (see SqliteStore.run_between_transactions).
+    process never freezes holding a database lock (see JobStore.run_between_transactions).
     """
 
     rules: list[_Rule] = field(default_factory=list)

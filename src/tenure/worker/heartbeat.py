@@ -19,7 +19,7 @@ import logging
 import time
 
 from tenure.contracts.errors import StoreUnavailable
-from tenure.contracts.store import Store
+from tenure.contracts.store import Signals, Store
 from tenure.control.quotas import QuotaManager
 from tenure.worker.config import WorkerConfig
 from tenure.worker.health import Health
@@ -32,9 +32,10 @@ log = logging.getLogger("tenure.worker")
 class Heartbeat:
     """The heartbeat, quota-renewal and control loops of one worker (children of its task group)."""
 
-    def __init__(self, store: Store, worker_id: str, config: WorkerConfig, held: Held, health: Health,
-                 observer: WorkerObserver, quotas: QuotaManager | None) -> None:  # fmt: skip
+    def __init__(self, store: Store, signals: Signals, worker_id: str, config: WorkerConfig, held: Held,
+                 health: Health, observer: WorkerObserver, quotas: QuotaManager | None) -> None:  # fmt: skip
         self._store = store
+        self._signals = signals
         self._worker_id = worker_id
         self._config = config
         self._held = held
@@ -147,7 +148,7 @@ class Heartbeat:
         held, poll_s = self._held, self._config.poll_s
         while True:
             try:
-                hint = await self._store.wait_for_control(poll_s)
+                hint = await self._signals.wait_for_control(poll_s)
                 if hint is not None and not hint:
                     continue
                 ids = [j for j in held.running if hint is None or j in hint]

@@ -28,7 +28,7 @@ from typing import Any
 from tenure.contracts.errors import ConfigError, StoreUnavailable
 from tenure.contracts.ready import ReadyIndex
 from tenure.contracts.states import WorkerState
-from tenure.contracts.store import Leases, Store
+from tenure.contracts.store import Backends, Leases
 from tenure.contracts.types import Claim, Started, WorkerInfo, new_id
 from tenure.control.quotas import QuotaManager
 from tenure.kernel.blocking import BlockingAdapter, ProcessAdapter
@@ -56,11 +56,11 @@ log = logging.getLogger("tenure.worker")
 
 
 class Worker:
-    """One worker incarnation. `await Worker(store, app, config).run(stop_event)`."""
+    """One worker incarnation. `await Worker(backends, app, config).run(stop_event)`."""
 
     def __init__(
         self,
-        store: Store,
+        backends: Backends,
         app: Tenure,
         config: WorkerConfig | None = None,
         *,
@@ -71,13 +71,13 @@ class Worker:
         ready_index: ReadyIndex | None = None,
     ) -> None:
         cfg = self.config = config or WorkerConfig()
-        self.store = store
+        store = self.store = backends.jobs
+        self.signals = backends.signals
         self.app = app
         self.faults = faults or Faults()
         # Global quotas (control/quotas.py): renewed by the heartbeat, one round trip per lease backend. Without
         # a configured manager, quotas live on the store's leases table and no key is configured.
-        store_leases = store if isinstance(store, Leases) else None
-        self.quotas = quotas or (QuotaManager(store_leases, {}, ttl_s=cfg.claim_ttl_s) if store_leases else None)
+        self.quotas = quotas or QuotaManager(backends.leases, {}, ttl_s=cfg.claim_ttl_s)
         self.host = socket.gethostname()
         self.id = worker_id or f"{self.host}:{os.getpid()}:{new_id()[-8:]}"
         self.agents = sorted(app.agents)
@@ -143,9 +143,9 @@ class Worker:
         # conditional UPDATE, and the store is polled whenever the index is down or silent.
         self.ready_index = ready_index
         candidates: Candidates = (
-            StoreWakeups(store, cfg.poll_s, self._stopping)
+            StoreWakeups(backends.signals, cfg.poll_s, self._stopping)
             if ready_index is None
-            else ReadyIndexHints(ready_index, store, self.agents, self.id, cfg.poll_s, self._stopping)
+            else ReadyIndexHints(ready_index, store, backends.signals, self.agents, self.id, cfg.poll_s, self._stopping)
         )
         gate = self._claimer.gate if isinstance(self._claimer, TwoStepClaimer) and self._claimer.gate.active else None
         self._gate = gate
@@ -162,8 +162,9 @@ class Worker:
             self._launch,
             after_round=gate.settle if gate is not None else None,
         )
-        self._heartbeat = Heartbeat(store, self.id, cfg, self.held, self.health, self._obs, self.quotas)
-        self._sweeper = SweeperDuty(store, leases or store_leases, self.id, cfg, self._obs, ready_index)
+        self._heartbeat = Heartbeat(store, backends.signals, self.id, cfg, self.held, self.health, self._obs, self.quotas)
+        # The sweeper duty lives in the store's leases table unless other leases are given.
+        self._sweeper = SweeperDuty(store, leases or backends.leases, self.id, cfg, self._obs, ready_index)
 
     @property
     def state(self) -> WorkerState:

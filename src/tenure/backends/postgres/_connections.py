@@ -1,5 +1,5 @@
-"""The PostgreSQL backend's edge: which driver errors mean "PostgreSQL failed", and the connections a store holds
-outside its pool.
+"""The PostgreSQL backend's edge: which driver errors mean "PostgreSQL failed", the connections a store holds
+outside its pool, and the store's connections as a whole (`StoreConnections`).
 
 A failover, a server restart, `idle_session_timeout` or a proxy all end a connection the way
 `pg_terminate_backend` does. asyncpg's pool replaces a pooled connection it finds closed; a connection held
@@ -14,11 +14,12 @@ Every connection names its kind in `application_name` (`tenure-pool`, `tenure-cl
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 
 import asyncpg
 
@@ -38,6 +39,15 @@ DRIVER_ERRORS: tuple[type[BaseException], ...] = (
 """Every exception asyncpg raises for a failed round trip; the backend translates them to `StoreUnavailable`."""
 
 CONNECT_TIMEOUT_S = 5.0
+
+
+def dsn(url: str) -> str:
+    """The asyncpg DSN of a database URL: asyncpg understands postgresql:// and postgres://; SQLAlchemy-style
+    driver suffixes are accepted too, so every PostgreSQL backend takes the same URLs."""
+    for prefix in ("postgresql+asyncpg://", "postgres+asyncpg://"):
+        if url.startswith(prefix):
+            return "postgresql://" + url[len(prefix) :]
+    return url
 
 
 @contextlib.contextmanager
@@ -145,3 +155,104 @@ class DedicatedConnection:
         if conn is not None and not conn.is_closed():
             with contextlib.suppress(*DRIVER_ERRORS):
                 await conn.close(timeout=2)
+
+
+async def _keep_session(conn: asyncpg.Connection) -> None:
+    """Pool reset: nothing to undo. asyncpg's default sends `SELECT pg_advisory_unlock_all(); CLOSE ALL;
+    UNLISTEN *; RESET ALL` on every release, one extra round trip per start and per finish batch; pool
+    connections here never LISTEN, SET, hold session advisory locks or cursors (LISTEN has its own connection,
+    advisory locks are transaction-scoped). asyncpg still rolls back an open transaction before this runs."""
+
+
+class StoreConnections:
+    """The connections of one `PostgresStore`: a small pool for the conditional updates (shared with the
+    process's `PostgresLeases`), and one connection reserved for claims.
+
+    The claim connection runs with `synchronous_commit = off`: a claim lost in a server crash is harmless,
+    because the start CAS (committed synchronously) re-checks owner, epoch and token and matches no row. Every
+    other write waits for its commit to be durable, `claim_and_start` included: its function (created in
+    `pg_temp` on the claim connection by `claim_setup`, see queries.sql) turns `synchronous_commit` on for its own
+    transaction. Open with `await StoreConnections.open(...)`; `close` ends both."""
+
+    def __init__(self, url: str, pool: asyncpg.Pool, settings: Mapping[str, str], claim_setup: str) -> None:
+        self.pool = pool
+        self._claim_setup = claim_setup
+        # A connection outside the pool, re-opened with backoff after a loss (see DedicatedConnection).
+        self._claim = DedicatedConnection(
+            "claim", dsn(url), server_settings={**settings, "synchronous_commit": "off"}, setup=self._setup_claim
+        )
+        self.claim_function = True
+        """Whether each claim connection creates the session-local claim-and-start function (it cannot without
+        the TEMP privilege; claims and starts then take two round trips)."""
+        self._claim_lock = asyncio.Lock()
+        self._closed = False
+
+    @classmethod
+    async def open(cls, url: str, pool_size: int, settings: Mapping[str, str], claim_setup: str) -> StoreConnections:
+        """Open the pool and the claim connection, with `settings` for every session."""
+        with translate("connect"):
+            pool = await asyncpg.create_pool(
+                dsn(url),
+                min_size=1,
+                max_size=pool_size,
+                reset=_keep_session,
+                timeout=CONNECT_TIMEOUT_S,
+                server_settings={**settings, "application_name": "tenure-pool"},
+            )
+        conns = cls(url, pool, settings, claim_setup)
+        try:
+            await conns._claim.get()  # a wrong URL or a missing database fails here, at start-up
+        except BaseException:
+            await conns.close()
+            raise
+        return conns
+
+    @property
+    def claim_connection(self) -> asyncpg.Connection | None:
+        """The open claim connection, if any (no round trip)."""
+        return self._claim.connection
+
+    async def _setup_claim(self, conn: asyncpg.Connection) -> None:
+        """Each new claim connection creates its session-local claim-and-start function (queries.sql)."""
+        if not self.claim_function:
+            return
+        try:
+            await conn.execute(self._claim_setup)
+        except asyncpg.PostgresError as exc:  # e.g. no TEMP privilege: claim and start in two round trips
+            log.warning("pg_temp.tenure_claim_start not created, claiming and starting separately: %s", exc)
+            self.claim_function = False
+
+    @contextlib.asynccontextmanager
+    async def claim(self, what: str) -> AsyncIterator[asyncpg.Connection]:
+        """The claim connection, one caller at a time; a call that finds it broken drops it for a new one."""
+        async with self._claim_lock:
+            with translate(what):
+                conn = await self._claim.get()
+                try:
+                    yield conn
+                except DRIVER_ERRORS as exc:
+                    self._claim.failed(conn, exc)
+                    raise
+
+    @contextlib.asynccontextmanager
+    async def pooled(self, what: str) -> AsyncIterator[asyncpg.Connection]:
+        """A pool connection; one found broken is terminated rather than handed to the next caller."""
+        with translate(what):
+            async with self.pool.acquire() as conn:
+                try:
+                    yield conn
+                except DRIVER_ERRORS as exc:
+                    if broken(conn, exc):
+                        # Its protocol state is unknown (an operation may still be "in progress" in it): the
+                        # pool must open a new one rather than hand this one to the next caller.
+                        conn.terminate()
+                    raise
+
+    async def close(self) -> None:
+        """Close the claim connection and the pool (bounded). Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        await self._claim.close()
+        with contextlib.suppress(*DRIVER_ERRORS):
+            await asyncio.wait_for(self.pool.close(), 5)

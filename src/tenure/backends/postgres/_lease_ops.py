@@ -1,5 +1,5 @@
-"""The `Leases` operations on PostgreSQL's `leases` table, shared by `PostgresStore` (on its pool) and
-`PostgresLeases` (a lease backend on a pool of its own, e.g. one connection per contending process).
+"""The `Leases` operations on PostgreSQL's `leases` table, for `PostgresLeases` on the store's pool (the
+`Backends` of a process) or on a pool of its own (e.g. one connection per contending process).
 
 Every expiry is computed by the server (`now()`); acquire is one call of `tenure_lease_acquire` (schema.sql),
 which serialises the acquirers of one key with a transaction-scoped advisory lock. Driver errors become
@@ -15,19 +15,12 @@ from typing import Any
 import asyncpg
 
 from tenure.backends._queries import load_queries
+from tenure.backends._rules import check_lease_args as check_args
 from tenure.backends.postgres._connections import DRIVER_ERRORS
 from tenure.contracts.errors import LeasesUnavailable
 from tenure.contracts.store import LeaseRef
 
 Q = load_queries("tenure.backends.postgres")
-
-
-def check_args(limit: int, ttl_s: float) -> None:
-    """The contract's argument errors, raised before any round trip."""
-    if limit < 0:
-        raise ValueError(f"limit must be >= 0, got {limit}")
-    if not ttl_s > 0:
-        raise ValueError(f"ttl_s must be > 0, got {ttl_s}")
 
 
 @contextlib.asynccontextmanager
@@ -53,7 +46,7 @@ async def renew(pool: Any, held: Sequence[LeaseRef], ttl_s: float) -> list[Lease
         return []
     async with _conn(pool, "renew") as conn:
         rows = await conn.fetch(Q["lease_renew"], [h.key for h in held], [h.holder for h in held], ttl_s)
-    renewed = {(r[0], r[1]) for r in rows}
+    renewed = {(r["key"], r["holder"]) for r in rows}
     return [h for h in held if (h.key, h.holder) not in renewed]
 
 
@@ -66,7 +59,7 @@ async def release(pool: Any, key: str, holder: str) -> None:
 async def holders(pool: Any, key: str) -> list[str]:
     """The unexpired holders of `key`, soonest expiry first."""
     async with _conn(pool, "holders") as conn:
-        return [r[0] for r in await conn.fetch(Q["lease_holders"], key)]
+        return [r["holder"] for r in await conn.fetch(Q["lease_holders"], key)]
 
 
 async def acquire_in_line(pool: Any, key: str, ticket: str, limit: int, ttl_s: float) -> bool:
@@ -80,12 +73,11 @@ async def release_and_hand_over(pool: Any, key: str, holder: str, limit: int, tt
     """Release the holder's slot and hand the free slots to the oldest tickets of the line (one call)."""
     check_args(limit, ttl_s)
     async with _conn(pool, "release") as conn:
-        return [r[0] for r in await conn.fetch(Q["lease_release_and_hand_over"], key, holder, limit, ttl_s)]
+        return [r["ticket"] for r in await conn.fetch(Q["lease_release_and_hand_over"], key, holder, limit, ttl_s)]
 
 
 class PoolLeases:
-    """The `Leases` methods over `self._pool`, for the classes that lease on a pool (`PostgresStore`,
-    `PostgresLeases`): one definition of each, so both run exactly the same statements."""
+    """The `Leases` methods over `self._pool` (`PostgresLeases`, on whichever pool it was given)."""
 
     _pool: Any
 

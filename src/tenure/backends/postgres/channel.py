@@ -20,8 +20,7 @@ from typing import TYPE_CHECKING
 
 import asyncpg
 
-from tenure.backends.postgres._connections import DRIVER_ERRORS
-from tenure.backends.postgres.store import _dsn
+from tenure.backends.postgres._connections import DRIVER_ERRORS, dsn
 from tenure.contracts.channel import Channel
 from tenure.contracts.errors import LeasesUnavailable
 
@@ -35,7 +34,7 @@ class PostgresChannel:
     """Publish with `pg_notify` on one lazily opened connection; each `subscribe` LISTENs on its own."""
 
     def __init__(self, url: str, prefix: str = DEFAULT_PREFIX, *, timeout_s: float = 5.0) -> None:
-        self._dsn = _dsn(url)
+        self._dsn = dsn(url)
         self._prefix = prefix
         self._timeout_s = timeout_s
         self._conn: asyncpg.Connection | None = None

@@ -123,8 +123,9 @@ UPDATE jobs AS j
  WHERE j.ctid = c.ctid AND j.id = c.id
    AND j.state = 'queued' AND j.owner IS NULL AND j.claimed_at IS NULL
    AND j.execution_id IS NULL AND j.execution_started_at IS NULL
-RETURNING j.id::text, j.epoch, j.agent, j.input::text, j.attempts, j.max_attempts, j.timeout_s, j.retry_safe,
-          j.tenant, extract(epoch FROM j.created_at)::float8, extract(epoch FROM j.claimed_at)::float8
+RETURNING j.id::text AS id, j.epoch, j.agent, j.input::text AS input, j.attempts, j.max_attempts, j.timeout_s,
+          j.retry_safe, j.tenant, extract(epoch FROM j.created_at)::float8 AS created_at,
+          extract(epoch FROM j.claimed_at)::float8 AS claimed_at
 
 -- name: start_executions --
 -- The start CAS, batched: owner, epoch and token must match an unstarted claim; appends execution.started (seq 1).
@@ -231,19 +232,23 @@ WITH s AS (
 ), wake AS (
     SELECT tenure_notify_appended(json_agg(ev)) FROM ev HAVING count(*) > 0
 )
-SELECT id::text, epoch, o_agent, o_input, attempts, o_max_attempts, o_timeout_s, o_retry_safe, o_tenant,
-       o_created_at, o_claimed_at, execution_id::text, extract(epoch FROM execution_started_at)::float8,
-       (SELECT count(*) FROM wake) AS woke
+SELECT id::text AS id, epoch, o_agent AS agent, o_input AS input, attempts, o_max_attempts AS max_attempts,
+       o_timeout_s AS timeout_s, o_retry_safe AS retry_safe, o_tenant AS tenant, o_created_at AS created_at,
+       o_claimed_at AS claimed_at, execution_id::text AS execution_id,
+       extract(epoch FROM execution_started_at)::float8 AS started_at, (SELECT count(*) FROM wake) AS woke
   FROM s
 
 -- name: finish_executions --
 -- The finish CAS, batched: execution id, epoch and token must match a running or waiting job. Appends the
--- finishing event and the execution record. A retry (state 'scheduled') returns the job to the unowned shape.
+-- finishing event and the execution record, and counts a timeout in the agent's circuit (event type, outcome
+-- and whether it counts are _rules.finish_effects, given as $13-$15). A retry (state 'scheduled') returns the
+-- job to the unowned shape.
 WITH x AS (
     SELECT * FROM unnest($1::uuid[], $2::int4[], $3::int8[], $4::uuid[], $5::text[], $6::text[], $7::text[],
-                         $8::text[], $9::float8[], $10::int4[], $11::float8[], $12::text[])
+                         $8::text[], $9::float8[], $10::int4[], $11::float8[], $12::text[], $13::text[],
+                         $14::text[], $15::bool[])
            AS x(job_id, epoch, token, execution_id, state, result, error_code, error_message, retry_delay_s,
-                seq, started_at, usage)
+                seq, started_at, usage, event_type, outcome, counts_in_circuit)
 ), f AS (
     UPDATE jobs AS j
        SET state = x.state, result = x.result::json, error_code = x.error_code, error_message = x.error_message,
@@ -262,8 +267,7 @@ WITH x AS (
     RETURNING j.id, j.next_attempt_at, j.agent
 ), ev AS (
     INSERT INTO events (job_id, epoch, seq, execution_id, type, payload)
-    SELECT x.job_id, x.epoch, x.seq, x.execution_id,
-           CASE WHEN x.state = 'scheduled' THEN 'execution.retrying' ELSE 'job.' || x.state END,
+    SELECT x.job_id, x.epoch, x.seq, x.execution_id, x.event_type,
            json_build_object('state', x.state, 'result', x.result::json, 'error_code', x.error_code,
                              'error', x.error_message,
                              'next_attempt_at', extract(epoch FROM f.next_attempt_at)::float8)
@@ -271,17 +275,16 @@ WITH x AS (
     RETURNING job_id, epoch, seq, execution_id, type, payload, ts
 ), ex AS (
     INSERT INTO executions (id, job_id, epoch, worker_id, started_at, outcome, usage)
-    SELECT x.execution_id, x.job_id, x.epoch, $13, to_timestamp(x.started_at),
-           CASE WHEN x.state = 'scheduled' THEN 'failed' ELSE x.state END, x.usage::json
+    SELECT x.execution_id, x.job_id, x.epoch, $16, to_timestamp(x.started_at), x.outcome, x.usage::json
       FROM x JOIN f ON f.id = x.job_id
 ), cb AS (
     -- A timed-out execution counts in its agent's circuit breaker window.
     INSERT INTO circuit_failures (key)
-    SELECT 'agent:' || f.agent FROM x JOIN f ON f.id = x.job_id WHERE x.error_code = 'timeout'
+    SELECT 'agent:' || f.agent FROM x JOIN f ON f.id = x.job_id WHERE x.counts_in_circuit
 ), wake AS (
     SELECT tenure_notify_appended(json_agg(ev)) FROM ev HAVING count(*) > 0
 )
-SELECT id::text, (SELECT count(*) FROM wake) AS woke FROM f
+SELECT id::text AS id, (SELECT count(*) FROM wake) AS woke FROM f
 
 -- name: append_events --
 -- Fenced append, batched: each event is written only while its (job, epoch, token) owns a running or waiting
@@ -382,7 +385,8 @@ SELECT id::text, job_id::text, epoch, worker_id, extract(epoch FROM started_at):
   FROM executions WHERE job_id = $1::uuid ORDER BY epoch
 
 -- name: requeue_job --
--- Put a terminal job back in the queue with fresh attempts; appends job.requeued after its last event.
+-- Put a terminal job back in the queue with fresh attempts; appends its event ($4, $5: _rules.REQUEUED_EVENT)
+-- after its last one.
 WITH u AS (
     UPDATE jobs
        SET state = 'queued', attempts = 0, owner = NULL, claimed_at = NULL, claim_expires_at = NULL,
@@ -395,7 +399,7 @@ WITH u AS (
     INSERT INTO events (job_id, epoch, seq, type, payload)
     SELECT u.id, u.epoch,
            COALESCE((SELECT max(e.seq) FROM events AS e WHERE e.job_id = u.id AND e.epoch = u.epoch), 0) + 1,
-           'job.requeued', '{}'::json
+           $4, $5::json
       FROM u
 ), wake AS (
     SELECT pg_notify('tenure_jobs', '') FROM (SELECT 1 FROM u LIMIT 1) AS one
@@ -424,27 +428,27 @@ SELECT id, epoch, execution_id, owner, extract(epoch FROM execution_started_at):
    FOR UPDATE SKIP LOCKED
 
 -- name: sweep_mark_lost --
--- Move locked jobs to lost, or (retry-safe with attempts left) back to the unowned queued shape, or dead.
+-- Move locked jobs to the state _rules.lost_outcome chose for each ($2): lost or dead, or queued again in the
+-- unowned, unstarted shape the claim CAS expects.
 UPDATE jobs AS j
-   SET state = CASE WHEN NOT j.retry_safe THEN 'lost'
-                    WHEN j.attempts < j.max_attempts THEN 'queued' ELSE 'dead' END,
-       owner = NULL, claim_expires_at = NULL,
-       claimed_at = CASE WHEN j.retry_safe AND j.attempts < j.max_attempts THEN NULL ELSE j.claimed_at END,
-       token = CASE WHEN j.retry_safe AND j.attempts < j.max_attempts THEN NULL ELSE j.token END,
-       execution_id = CASE WHEN j.retry_safe AND j.attempts < j.max_attempts THEN NULL ELSE j.execution_id END,
-       execution_started_at = CASE WHEN j.retry_safe AND j.attempts < j.max_attempts
-                                   THEN NULL ELSE j.execution_started_at END,
-       finished_at = CASE WHEN j.retry_safe AND j.attempts < j.max_attempts THEN NULL ELSE now() END,
+   SET state = x.state, owner = NULL, claim_expires_at = NULL,
+       claimed_at = CASE WHEN x.state = 'queued' THEN NULL ELSE j.claimed_at END,
+       token = CASE WHEN x.state = 'queued' THEN NULL ELSE j.token END,
+       execution_id = CASE WHEN x.state = 'queued' THEN NULL ELSE j.execution_id END,
+       execution_started_at = CASE WHEN x.state = 'queued' THEN NULL ELSE j.execution_started_at END,
+       finished_at = CASE WHEN x.state = 'queued' THEN NULL ELSE now() END,
        error_code = 'owner_lost', error_message = 'the worker running this job stopped heartbeating',
        updated_at = now()
- WHERE j.id = ANY($1::uuid[])
-RETURNING j.id::text, j.state
+  FROM unnest($1::uuid[], $2::text[]) AS x(id, state)
+ WHERE j.id = x.id AND j.state IN ('running', 'waiting')
+RETURNING j.id::text AS id, j.state
 
 -- name: sweep_lost_records --
--- For jobs just declared lost: the execution record, and one event after the execution's last one.
+-- For jobs just declared lost: the execution record, and one event (_rules.lost_event) after the execution's
+-- last one.
 WITH x AS (
-    SELECT * FROM unnest($1::uuid[], $2::int4[], $3::uuid[], $4::text[], $5::float8[], $6::text[])
-           AS x(job_id, epoch, execution_id, worker_id, started_at, state)
+    SELECT * FROM unnest($1::uuid[], $2::int4[], $3::uuid[], $4::text[], $5::float8[], $6::text[], $7::text[])
+           AS x(job_id, epoch, execution_id, worker_id, started_at, type, payload)
 ), ex AS (
     INSERT INTO executions (id, job_id, epoch, worker_id, started_at, outcome)
     SELECT x.execution_id, x.job_id, x.epoch, x.worker_id, to_timestamp(x.started_at), 'lost' FROM x
@@ -452,12 +456,12 @@ WITH x AS (
 INSERT INTO events (job_id, epoch, seq, execution_id, type, payload)
 SELECT x.job_id, x.epoch,
        COALESCE((SELECT max(e.seq) FROM events AS e WHERE e.job_id = x.job_id AND e.epoch = x.epoch), 0) + 1,
-       x.execution_id, CASE WHEN x.state = 'queued' THEN 'execution.lost' ELSE 'job.' || x.state END,
-       json_build_object('state', x.state, 'error_code', 'owner_lost', 'worker_id', x.worker_id)
+       x.execution_id, x.type, x.payload::json
   FROM x
 
 -- name: sweep_expire --
--- Queued (unowned) or scheduled jobs past their queue deadline become expired, with their terminal event.
+-- Queued (unowned) or scheduled jobs past their queue deadline become expired, with their terminal event
+-- ($1, $2: _rules.EXPIRED_EVENT).
 WITH u AS (
     UPDATE jobs
        SET state = 'expired', finished_at = now(), updated_at = now(), error_code = 'deadline_exceeded',
@@ -468,10 +472,10 @@ WITH u AS (
     INSERT INTO events (job_id, epoch, seq, type, payload)
     SELECT u.id, u.epoch,
            COALESCE((SELECT max(e.seq) FROM events AS e WHERE e.job_id = u.id AND e.epoch = u.epoch), 0) + 1,
-           'job.expired', json_build_object('state', 'expired', 'error_code', 'deadline_exceeded')
+           $1, $2::json
       FROM u
 )
-SELECT id::text FROM u
+SELECT id::text AS id FROM u
 
 -- name: sweep_due --
 -- Scheduled jobs whose backoff has passed go back to the queue; wakes workers.
@@ -511,7 +515,7 @@ SELECT tenure_lease_acquire_in_line($1, $2, $3, $4)
 
 -- name: lease_release_and_hand_over --
 -- Release a slot and hand the free slots to the oldest tickets of the line; returns the tickets served.
-SELECT tenure_lease_release_and_hand_over($1, $2, $3, $4)
+SELECT tenure_lease_release_and_hand_over($1, $2, $3, $4) AS ticket
 
 -- name: lease_holders --
 -- Unexpired holders of a key, soonest expiry first.
@@ -524,7 +528,7 @@ SELECT extract(epoch FROM clock_timestamp())::float8
 -- name: count_live_jobs --
 -- Unfinished jobs as (state, tenant, count) through the partial indexes only, never a scan of history:
 -- the ready queue (queued, unclaimed) per tenant, owned jobs by state (tenant ''), scheduled retries.
-SELECT 'ready' AS kind, tenant, count(*) FROM jobs WHERE state = 'queued' AND owner IS NULL GROUP BY tenant
+SELECT 'ready' AS kind, tenant, count(*) AS n FROM jobs WHERE state = 'queued' AND owner IS NULL GROUP BY tenant
 UNION ALL
 SELECT state, '', count(*) FROM jobs WHERE owner IS NOT NULL GROUP BY state
 UNION ALL
@@ -545,24 +549,27 @@ SELECT q.total, q.mine, c.failures, c.latest, extract(epoch FROM now())::float8 
 
 -- name: queue_depth --
 -- Jobs waiting to start (queued or scheduled): all tenants, and one tenant.
-SELECT count(*), count(*) FILTER (WHERE tenant = $1) FROM jobs WHERE state IN ('queued', 'scheduled')
+SELECT count(*) AS total, count(*) FILTER (WHERE tenant = $1) AS mine FROM jobs
+ WHERE state IN ('queued', 'scheduled')
 
 -- name: circuit_record --
--- Count one failure of a circuit key at the server's clock, forgetting failures older than an hour.
+-- Count one failure of a circuit key at the server's clock, forgetting failures older than $2 seconds
+-- (_rules.CIRCUIT_KEEP_S).
 WITH trim AS (
-    DELETE FROM circuit_failures WHERE key = $1 AND ts < now() - interval '1 hour'
+    DELETE FROM circuit_failures WHERE key = $1 AND ts < now() - make_interval(secs => $2)
 )
 INSERT INTO circuit_failures (key) VALUES ($1)
 
 -- name: circuit_window --
 -- Failures of a key within the window, the latest one, and the server's clock.
-SELECT count(*), extract(epoch FROM max(ts))::float8, extract(epoch FROM now())::float8
+SELECT count(*) AS failures, extract(epoch FROM max(ts))::float8 AS latest, extract(epoch FROM now())::float8 AS now
   FROM circuit_failures WHERE key = $1 AND ts > now() - make_interval(secs => $2)
 
 -- name: cancel_job --
 -- Cancel: a job that has not started (queued, claimed or not, or scheduled) is cancelled at once with its terminal
 -- event, and a claim it had is void (its owner's start CAS expects 'queued' and matches nothing); a running or
--- waiting one is flagged for its owner. Returns what happened, or nothing when the job is unknown.
+-- waiting one is flagged for its owner. Returns what happened, or nothing when the job is unknown. The event is
+-- $3, $4 (_rules.CANCELLED_EVENT).
 WITH j AS (
     SELECT id, state, owner, execution_id, epoch FROM jobs
      WHERE id = $1::uuid AND ($2::text IS NULL OR tenant = $2) FOR UPDATE
@@ -584,7 +591,7 @@ WITH j AS (
     INSERT INTO events (job_id, epoch, seq, type, payload)
     SELECT d.id, d.epoch,
            COALESCE((SELECT max(e.seq) FROM events AS e WHERE e.job_id = d.id AND e.epoch = d.epoch), 0) + 1,
-           'job.cancelled', json_build_object('state', 'cancelled', 'error_code', 'cancelled')
+           $3, $4::json
       FROM direct AS d
 )
 SELECT CASE WHEN EXISTS (SELECT 1 FROM direct) THEN 'accepted'
@@ -603,7 +610,7 @@ VALUES ($1::uuid, coalesce((SELECT max(seq) FROM job_commands WHERE job_id = $1:
 
 -- name: read_commands --
 -- A job's commands after a sequence number, oldest first.
-SELECT seq, kind, payload::text, extract(epoch FROM created_at)::float8 FROM job_commands
+SELECT seq, kind, payload::text AS payload, extract(epoch FROM created_at)::float8 AS created_at FROM job_commands
  WHERE job_id = $1::uuid AND seq > $2 ORDER BY seq
 
 -- name: set_waiting --
@@ -638,7 +645,7 @@ SELECT id::text FROM jobs WHERE id = ANY($1::uuid[]) AND cancel_requested_at IS 
 
 -- name: control_last_command --
 -- The last command sequence number of each of these jobs that has commands.
-SELECT job_id::text, max(seq) FROM job_commands WHERE job_id = ANY($1::uuid[]) GROUP BY job_id
+SELECT job_id::text AS job_id, max(seq) AS last_seq FROM job_commands WHERE job_id = ANY($1::uuid[]) GROUP BY job_id
 
 -- name: notify_control --
 -- Tell the owners' control listeners that these jobs got a command (a hint; the store is the truth).

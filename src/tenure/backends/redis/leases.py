@@ -17,6 +17,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import RedisError
 
+from tenure.backends._rules import check_lease_args
 from tenure.backends.redis import _scripts
 from tenure.backends.redis._client import client_identity
 from tenure.contracts.errors import LeasesUnavailable
@@ -130,9 +131,8 @@ class RedisLeases:
 
         Acquiring again as a current holder refreshes the expiry and never takes a second slot.
         """
-        if limit < 0:
-            raise ValueError(f"limit must be >= 0, got {limit}")
-        ttl_ms = self._ttl_ms(ttl_s)
+        check_lease_args(limit, ttl_s)
+        ttl_ms = _ms(ttl_s)
         keys = [_scripts.lease_key(self._prefix, key), self._generation]
         args: list[str | int] = [holder, limit, ttl_ms, ttl_ms * _scripts.KEY_TTL_FACTOR]
         answer = await self._call(self._acquire(keys=keys, args=args), "acquire", key)
@@ -144,7 +144,8 @@ class RedisLeases:
         Returns the leases that were lost: released from outside, or already expired (an expired lease is
         never brought back, even when nobody has taken its slot yet).
         """
-        ttl_ms = self._ttl_ms(ttl_s)
+        check_lease_args(0, ttl_s)
+        ttl_ms = _ms(ttl_s)
         if not held:
             return []
         keys = [_scripts.lease_key(self._prefix, ref.key) for ref in held]
@@ -167,9 +168,8 @@ class RedisLeases:
 
     async def acquire_in_line(self, key: str, ticket: str, limit: int, ttl_s: float) -> bool:
         """Take a slot for the ticket's holder in FIFO order, or queue the ticket in `key`'s line (see `Leases`)."""
-        if limit < 0:
-            raise ValueError(f"limit must be >= 0, got {limit}")
-        ttl_ms = self._ttl_ms(ttl_s)
+        check_lease_args(limit, ttl_s)
+        ttl_ms = _ms(ttl_s)
         keys = [_scripts.lease_key(self._prefix, key), _scripts.lease_key(self._prefix, line_key(key)), self._generation]
         args: list[str | int] = [ticket, limit, ttl_ms, ttl_ms * _scripts.KEY_TTL_FACTOR]
         answer = await self._call(self._acquire_in_line(keys=keys, args=args), "acquire", key)
@@ -177,7 +177,8 @@ class RedisLeases:
 
     async def release_and_hand_over(self, key: str, holder: str, limit: int, ttl_s: float) -> list[str]:
         """Release `holder`'s slot and hand the free slots to the oldest tickets of the line (see `Leases`)."""
-        ttl_ms = self._ttl_ms(ttl_s)
+        check_lease_args(limit, ttl_s)
+        ttl_ms = _ms(ttl_s)
         keys = [_scripts.lease_key(self._prefix, key), _scripts.lease_key(self._prefix, line_key(key)), self._generation]
         announce = "" if self._announce_prefix is None else self._announce_prefix + key
         args: list[str | int] = [holder, limit, ttl_ms, ttl_ms * _scripts.KEY_TTL_FACTOR, announce]
@@ -220,12 +221,6 @@ class RedisLeases:
                 await self._client.aclose()
             except RedisError as exc:
                 raise LeasesUnavailable(f"closing the Redis lease client failed: {exc}") from exc
-
-    @staticmethod
-    def _ttl_ms(ttl_s: float) -> int:
-        if not ttl_s > 0:
-            raise ValueError(f"ttl_s must be > 0, got {ttl_s}")
-        return _ms(ttl_s)
 
     async def _call(self, call: Awaitable[_T], operation: str, subject: str) -> _T:
         """Await one Redis call (at most `max_connections` at once), translating driver errors at this edge."""

@@ -1,5 +1,11 @@
-"""The SQLite store: the embedded default, safe for several processes on one machine (WAL)."""
+"""The SQLite backend: the embedded default, safe for several processes on one machine (WAL).
 
-from tenure.backends.sqlite.store import SqliteStore, database_files
+`SqliteStore` (the JobStore), `SqliteSignals` and `SqliteLeases` share one connection and its thread
+(`_connection.py`)."""
 
-__all__ = ["SqliteStore", "database_files"]
+from tenure.backends.sqlite._connection import SqliteConnection, database_files
+from tenure.backends.sqlite.leases import SqliteLeases
+from tenure.backends.sqlite.signals import SqliteSignals
+from tenure.backends.sqlite.store import SqliteStore
+
+__all__ = ["SqliteConnection", "SqliteLeases", "SqliteSignals", "SqliteStore", "database_files"]

@@ -48,7 +48,12 @@ def _load_inotify() -> ctypes.CDLL | None:
 _LIBC = _load_inotify()
 
 
+BELLS = ("jobs", "control")
+"""The doorbells of a database. jobs: a job became claimable; control: a command or cancel was sent."""
+
+
 def bell_path(db_path: str, name: str) -> str:
+    """The file of doorbell `name` of the database at `db_path`."""
     return f"{db_path}-tenure-{name}"
 
 

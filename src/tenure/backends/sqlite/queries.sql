@@ -73,7 +73,7 @@ UPDATE jobs
        updated_at = {now}
  WHERE id = ?1 AND state = 'queued' AND owner = ?2 AND claimed_at IS NOT NULL AND epoch = ?3 AND token = ?4
    AND execution_id IS NULL AND execution_started_at IS NULL
-RETURNING attempts, execution_started_at
+RETURNING attempts, execution_started_at AS started_at
 
 -- name: insert_event --
 -- Append one event (callers have checked the fence inside the same transaction).
@@ -140,7 +140,7 @@ UPDATE workers SET state = ?2, last_heartbeat = {now} WHERE id = ?1
 -- The registry, with the jobs each worker owns now.
 SELECT w.id, w.host, w.pid, w.concurrency, w.agents, w.capabilities, w.state, w.in_flight, w.started_at,
        w.last_heartbeat,
-       (SELECT json_group_array(j.id) FROM (SELECT id FROM jobs WHERE owner = w.id ORDER BY id) AS j)
+       (SELECT json_group_array(j.id) FROM (SELECT id FROM jobs WHERE owner = w.id ORDER BY id) AS j) AS jobs_held
   FROM workers AS w
  WHERE ?1 OR w.state <> 'gone'
  ORDER BY w.started_at, w.id
@@ -174,7 +174,8 @@ RETURNING id
 
 -- name: sweep_find_lost --
 -- Running or waiting jobs whose claim expired: their owner is gone.
-SELECT id, epoch, execution_id, owner, execution_started_at, retry_safe, attempts, max_attempts FROM jobs
+SELECT id, epoch, execution_id, owner, execution_started_at AS started_at, retry_safe, attempts, max_attempts
+  FROM jobs
  WHERE owner IS NOT NULL AND state IN ('running', 'waiting') AND claim_expires_at < {now}
  ORDER BY id LIMIT 100
 
@@ -220,7 +221,7 @@ UPDATE leases SET expires_at = {now} + ?3 WHERE key = ?1 AND holder = ?2
 
 -- name: lease_count --
 -- Current holders of a key (after the purge).
-SELECT count(*) FROM leases WHERE key = ?
+SELECT count(*) AS n FROM leases WHERE key = ?
 
 -- name: lease_insert --
 -- Take a slot.
@@ -236,7 +237,7 @@ DELETE FROM leases WHERE key = ? AND holder = ?
 
 -- name: lease_line_ahead --
 -- Unexpired tickets of a waiting line older than the given one (tickets sort by their order prefix).
-SELECT count(*) FROM leases WHERE key = ?1 AND holder < ?2 AND expires_at > {now}
+SELECT count(*) AS n FROM leases WHERE key = ?1 AND holder < ?2 AND expires_at > {now}
 
 -- name: lease_upsert --
 -- Take or refresh a lease whether or not it is held: a ticket joining its line or keeping its place.
@@ -258,12 +259,12 @@ SELECT holder FROM leases WHERE key = ? AND expires_at > {now} ORDER BY expires_
 
 -- name: server_time --
 -- SQLite's clock.
-SELECT {now}
+SELECT {now} AS now
 
 -- name: count_live_jobs --
 -- Unfinished jobs as (state, tenant, count) through the partial indexes only, never a scan of history:
 -- the ready queue (queued, unclaimed) per tenant, owned jobs by state (tenant ''), scheduled retries.
-SELECT 'ready' AS kind, tenant, count(*) FROM jobs WHERE state = 'queued' AND owner IS NULL GROUP BY tenant
+SELECT 'ready' AS kind, tenant, count(*) AS n FROM jobs WHERE state = 'queued' AND owner IS NULL GROUP BY tenant
 UNION ALL
 SELECT state, '', count(*) FROM jobs WHERE owner IS NOT NULL GROUP BY state
 UNION ALL
@@ -272,7 +273,7 @@ SELECT 'scheduled', '', count(*) FROM jobs WHERE state = 'scheduled'
 -- name: admission_state --
 -- What admission's gate reads, in one statement: jobs waiting to start (all tenants, and tenant ?1), and the
 -- failures of circuit ?2 within the last ?3 seconds with the latest one, on the store's clock.
-SELECT q.total, q.mine, c.failures, c.latest, {now}
+SELECT q.total, q.mine, c.failures, c.latest, {now} AS now
   FROM (SELECT count(*) AS total, coalesce(sum(tenant = ?1), 0) AS mine
           FROM jobs WHERE state IN ('queued', 'scheduled')) AS q,
        (SELECT count(*) AS failures, max(ts) AS latest
@@ -280,7 +281,7 @@ SELECT q.total, q.mine, c.failures, c.latest, {now}
 
 -- name: queue_depth --
 -- Jobs waiting to start (queued or scheduled): all tenants, and one tenant.
-SELECT count(*), coalesce(sum(tenant = ?1), 0) FROM jobs WHERE state IN ('queued', 'scheduled')
+SELECT count(*) AS total, coalesce(sum(tenant = ?1), 0) AS mine FROM jobs WHERE state IN ('queued', 'scheduled')
 
 -- name: circuit_record --
 -- Count one failure of a circuit key at the server's clock.
@@ -291,12 +292,13 @@ INSERT INTO circuit_failures (key, ts) VALUES (?, {now})
 INSERT INTO circuit_failures (key, ts) SELECT 'agent:' || agent, {now} FROM jobs WHERE id = ?
 
 -- name: circuit_trim --
--- Forget failures older than the longest window we keep (an hour).
-DELETE FROM circuit_failures WHERE key = ? AND ts < {now} - 3600
+-- Forget failures older than the longest window we keep (_rules.CIRCUIT_KEEP_S).
+DELETE FROM circuit_failures WHERE key = ?1 AND ts < {now} - ?2
 
 -- name: circuit_window --
 -- Failures of a key within the window, the latest one, and the server's clock.
-SELECT count(*), max(ts), {now} FROM circuit_failures WHERE key = ?1 AND ts > {now} - ?2
+SELECT count(*) AS failures, max(ts) AS latest, {now} AS now FROM circuit_failures
+ WHERE key = ?1 AND ts > {now} - ?2
 
 -- name: cancel_unstarted --
 -- Cancel a job that has not started (queued, claimed or not, or waiting out a retry backoff) at once. A claim
@@ -344,7 +346,3 @@ SELECT execution_id, epoch, seq, type, payload, ts FROM events
 SELECT j.id, j.cancel_requested_at IS NOT NULL AS cancel,
        (SELECT coalesce(max(c.seq), 0) FROM job_commands AS c WHERE c.job_id = j.id) AS last_seq
   FROM jobs AS j WHERE j.id IN (SELECT value FROM json_each(?1))
-
--- name: control_last_command --
--- The last command sequence number of one job (0 when none).
-SELECT coalesce(max(seq), 0) FROM job_commands WHERE job_id = ?

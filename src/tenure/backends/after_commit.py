@@ -1,0 +1,252 @@
+"""`AfterCommit`: the `JobStore` every caller uses — each write of a dialect's store, then the `Signals` call that
+tells other processes of it, with what the write returned. What happens after a commit is written here once,
+above the dialects, instead of once per store and per transport.
+
+    a write that ...                                         signals
+    makes jobs claimable: enqueue (a new job), requeue,      jobs_changed()
+      release_claims, a sweep that released, requeued or
+      found due jobs
+    appends to histories: start, claim_and_start, finish,    events_changed(those jobs)
+      finish_and_claim, append_events, set_waiting, requeue,
+      a sweep's lost / requeued / dead / expired jobs, a
+      cancel that cancelled at once
+    flags a job for its owner: a cancel request, a command   control_sent(that job)
+
+A signal is sent only for a write that changed something, after it returned (committed). On PostgreSQL the
+signals' publishing half is a no-op for what the SQL already notified inside the transaction
+(`postgres/signals.py`); this wrapper calls it all the same, so that the rule above stays the one place that
+says which write wakes whom, whatever the transport. Reads and the other writes pass straight through.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, TypeVar
+
+from tenure.contracts.states import WorkerState
+from tenure.contracts.store import JobStore, OffloadStats, Signals
+from tenure.contracts.types import (
+    AdmissionState,
+    CircuitState,
+    Claim,
+    Command,
+    ControlOutcome,
+    Enqueued,
+    Event,
+    Execution,
+    Fence,
+    Finish,
+    HeartbeatReply,
+    Job,
+    JobCounts,
+    JobFilter,
+    NewEvent,
+    NewJob,
+    Start,
+    Started,
+    SweepReport,
+    WorkerInfo,
+)
+
+T = TypeVar("T")
+
+
+class AfterCommit:
+    """`store`'s writes followed by `signals`' publishing half. Closing it closes `store`; the signals are closed
+    by their owner (`Backends.close`, before the store whose connections they may share)."""
+
+    def __init__(self, store: JobStore, signals: Signals) -> None:
+        self.store = store
+        self.signals = signals
+
+    @property
+    def dialect(self) -> str:
+        return self.store.dialect
+
+    @property
+    def offload(self) -> OffloadStats | None:
+        return self.store.offload
+
+    @property
+    def claim_carries_finishes(self) -> bool:
+        return self.store.claim_carries_finishes
+
+    # -- lifecycle -----------------------------------------------------------------------------------------------
+    async def migrate(self) -> int:
+        return await self.store.migrate()
+
+    async def schema_version(self) -> int:
+        return await self.store.schema_version()
+
+    def latest_schema_version(self) -> int:
+        return self.store.latest_schema_version()
+
+    async def server_time(self) -> float:
+        return await self.store.server_time()
+
+    async def server_version(self) -> str:
+        return await self.store.server_version()
+
+    async def run_between_transactions(self, fn: Callable[[], T]) -> T:
+        return await self.store.run_between_transactions(fn)
+
+    async def close(self) -> None:
+        await self.store.close()
+
+    # -- admission -----------------------------------------------------------------------------------------------
+    async def enqueue(self, jobs: Sequence[NewJob]) -> list[Enqueued]:
+        out = await self.store.enqueue(jobs)
+        if any(e.created for e in out):
+            self.signals.jobs_changed()
+        return out
+
+    async def get_job(self, job_id: str, tenant: str | None = None) -> Job | None:
+        return await self.store.get_job(job_id, tenant)
+
+    async def list_jobs(self, flt: JobFilter) -> list[Job]:
+        return await self.store.list_jobs(flt)
+
+    async def requeue(self, job_id: str, tenant: str | None = None) -> Job:
+        job = await self.store.requeue(job_id, tenant)  # raises unless it was requeued
+        self.signals.jobs_changed()
+        self.signals.events_changed([job_id])
+        return job
+
+    # -- ownership -----------------------------------------------------------------------------------------------
+    async def claim(
+        self, worker_id: str, agents: Sequence[str], capabilities: Sequence[str], limit: int, ttl_s: float
+    ) -> list[Claim]:
+        return await self.store.claim(worker_id, agents, capabilities, limit, ttl_s)
+
+    async def claim_and_start(
+        self, worker_id: str, agents: Sequence[str], capabilities: Sequence[str], limit: int, ttl_s: float
+    ) -> list[tuple[Claim, Started]]:
+        pairs = await self.store.claim_and_start(worker_id, agents, capabilities, limit, ttl_s)
+        if pairs:
+            self.signals.events_changed([s.fence.job_id for _, s in pairs])
+        return pairs
+
+    async def finish_and_claim(
+        self,
+        worker_id: str,
+        finishes: Sequence[Finish],
+        agents: Sequence[str],
+        capabilities: Sequence[str],
+        limit: int,
+        ttl_s: float,
+    ) -> tuple[list[str], list[tuple[Claim, Started]]]:
+        done, pairs = await self.store.finish_and_claim(worker_id, finishes, agents, capabilities, limit, ttl_s)
+        if done or pairs:
+            self.signals.events_changed([*done, *(s.fence.job_id for _, s in pairs)])
+        return done, pairs
+
+    async def start(self, worker_id: str, starts: Sequence[Start]) -> list[Started]:
+        started = await self.store.start(worker_id, starts)
+        if started:
+            self.signals.events_changed([s.fence.job_id for s in started])
+        return started
+
+    async def finish(self, worker_id: str, finishes: Sequence[Finish]) -> list[str]:
+        done = await self.store.finish(worker_id, finishes)
+        if done:
+            self.signals.events_changed(done)
+        return done
+
+    async def append_events(self, events: Sequence[NewEvent]) -> set[str]:
+        rejected = await self.store.append_events(events)
+        written = {e.fence.job_id for e in events} - rejected
+        if written:
+            self.signals.events_changed(written)
+        return rejected
+
+    async def release_claims(self, worker_id: str, fences: Sequence[Fence]) -> list[str]:
+        released = await self.store.release_claims(worker_id, fences)
+        if released:
+            self.signals.jobs_changed()
+        return released
+
+    async def heartbeat(
+        self, worker_id: str, state: WorkerState, in_flight: int, held: Sequence[Fence], ttl_s: float
+    ) -> HeartbeatReply:
+        return await self.store.heartbeat(worker_id, state, in_flight, held, ttl_s)
+
+    # -- registry ------------------------------------------------------------------------------------------------
+    async def register_worker(self, info: WorkerInfo) -> None:
+        await self.store.register_worker(info)
+
+    async def set_worker_state(self, worker_id: str, state: WorkerState) -> None:
+        await self.store.set_worker_state(worker_id, state)
+
+    async def list_workers(self, include_gone: bool = False) -> list[WorkerInfo]:
+        return await self.store.list_workers(include_gone)
+
+    # -- history -------------------------------------------------------------------------------------------------
+    async def read_events(self, job_id: str, after: tuple[int, int] | None, limit: int) -> list[Event]:
+        return await self.store.read_events(job_id, after, limit)
+
+    async def read_events_many(self, cursors: Sequence[tuple[str, tuple[int, int] | None]], limit: int) -> list[Event]:
+        return await self.store.read_events_many(cursors, limit)
+
+    async def list_executions(self, job_id: str) -> list[Execution]:
+        return await self.store.list_executions(job_id)
+
+    # -- the sweeper duty ----------------------------------------------------------------------------------------
+    async def sweep(self, worker_ttl_s: float) -> SweepReport:
+        report = await self.store.sweep(worker_ttl_s)
+        grew = report.lost + report.requeued + report.dead + report.expired
+        if grew:
+            self.signals.events_changed(grew)
+        if report.released or report.requeued or report.due:
+            self.signals.jobs_changed()
+        return report
+
+    async def count_live_jobs(self) -> JobCounts:
+        return await self.store.count_live_jobs()
+
+    # -- the gateway's side --------------------------------------------------------------------------------------
+    async def admission_state(
+        self, tenant: str, circuit_key: str, threshold: int, window_s: float, open_s: float
+    ) -> AdmissionState:
+        return await self.store.admission_state(tenant, circuit_key, threshold, window_s, open_s)
+
+    async def queue_depth(self, tenant: str) -> tuple[int, int]:
+        return await self.store.queue_depth(tenant)
+
+    async def find_idempotent(self, tenant: str, idem_digest: bytes) -> tuple[str, bytes] | None:
+        return await self.store.find_idempotent(tenant, idem_digest)
+
+    async def record_circuit_failure(self, key: str) -> None:
+        await self.store.record_circuit_failure(key)
+
+    async def circuit_state(self, key: str, threshold: int, window_s: float, open_s: float) -> CircuitState:
+        return await self.store.circuit_state(key, threshold, window_s, open_s)
+
+    async def cancel(self, job_id: str, tenant: str | None = None) -> ControlOutcome:
+        outcome = await self.store.cancel(job_id, tenant)
+        if outcome is ControlOutcome.ACCEPTED:  # cancelled at once: its terminal event was appended
+            self.signals.events_changed([job_id])
+        elif outcome is ControlOutcome.REQUESTED:  # the owner's fast path; its heartbeat reply is the floor
+            self.signals.control_sent([job_id])
+        return outcome
+
+    async def send_command(self, job_id: str, tenant: str | None, kind: str, payload_json: str) -> ControlOutcome:
+        outcome = await self.store.send_command(job_id, tenant, kind, payload_json)
+        if outcome is ControlOutcome.REQUESTED:
+            self.signals.control_sent([job_id])
+        return outcome
+
+    async def read_commands(self, job_id: str, after_seq: int) -> list[Command]:
+        return await self.store.read_commands(job_id, after_seq)
+
+    async def set_waiting(self, event: NewEvent, waiting: bool) -> bool:
+        moved = await self.store.set_waiting(event, waiting)
+        if moved:
+            self.signals.events_changed([event.fence.job_id])
+        return moved
+
+    async def control_state(self, job_ids: Sequence[str]) -> tuple[frozenset[str], dict[str, int]]:
+        return await self.store.control_state(job_ids)
+
+
+if TYPE_CHECKING:
+    _PROTOCOL_CHECK: type[JobStore] = AfterCommit

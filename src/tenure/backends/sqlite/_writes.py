@@ -1,0 +1,79 @@
+"""The execution's writes on SQLite, each inside the caller's write transaction (on the connection thread):
+the claim CAS, the start CAS and the finish CAS. Separate functions so that one transaction can run several of
+them (`finish_and_claim`: the finishes, then a claim and its starts, in one commit)."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Sequence
+
+from tenure.backends import _rows, _rules
+from tenure.backends.sqlite._connection import Q
+from tenure.contracts.types import Claim, Finish, Start, Started, new_id, new_token
+
+
+def finish_in(db: sqlite3.Connection, worker_id: str, finishes: Sequence[Finish]) -> list[str]:
+    """The finish CAS of each execution, inside the caller's write transaction; appends the finishing event and
+    the execution record (and counts a timeout in its agent's circuit). Returns the job ids whose finish matched."""
+    done = []
+    for x in finishes:
+        f = x.fence
+        row = db.execute(
+            Q["finish_execution"],
+            (
+                f.job_id,
+                x.execution_id,
+                f.epoch,
+                f.token,
+                x.state.value,
+                x.result_json,
+                x.error_code,
+                x.error_message,
+                x.retry_delay_s,
+            ),
+        ).fetchone()
+        if row is None:
+            continue
+        effects = _rules.finish_effects(x)
+        payload = _rules.finish_payload(x, row["next_attempt_at"])
+        db.execute(Q["insert_event"], (f.job_id, f.epoch, x.seq, x.execution_id, effects.event_type, payload))
+        db.execute(
+            Q["insert_execution"],
+            (x.execution_id, f.job_id, f.epoch, worker_id, x.started_at, effects.outcome, x.usage_json),
+        )
+        if effects.counts_in_circuit:
+            db.execute(Q["circuit_record_job_timeout"], (f.job_id,))
+        done.append(f.job_id)
+    return done
+
+
+def claim_and_start_in(
+    db: sqlite3.Connection,
+    worker_id: str,
+    agents: Sequence[str],
+    capabilities: Sequence[str],
+    limit: int,
+    ttl_s: float,
+) -> list[tuple[Claim, Started]]:
+    """The claim CAS and then the start CAS of each job it claimed, inside the caller's write transaction."""
+    token = new_token()
+    args = (worker_id, json.dumps(list(agents)), json.dumps(list(capabilities)), limit, ttl_s, token)
+    claims = [_rows.claim(r, token) for r in db.execute(Q["claim_jobs"], args).fetchall()]
+    by_job = {c.fence.job_id: c for c in claims}
+    started = start_in(db, worker_id, [Start(c.fence, new_id()) for c in claims])
+    return [(by_job[s.fence.job_id], s) for s in started]
+
+
+def start_in(db: sqlite3.Connection, worker_id: str, starts: Sequence[Start]) -> list[Started]:
+    """The start CAS of each claim, inside the caller's write transaction; appends `execution.started`."""
+    out = []
+    for s in starts:
+        f = s.fence
+        row = db.execute(Q["start_execution"], (f.job_id, worker_id, f.epoch, f.token, s.execution_id)).fetchone()
+        if row is None:
+            continue
+        payload = json.dumps({"worker_id": worker_id, "attempt": row["attempts"]})
+        db.execute(Q["insert_event"], (f.job_id, f.epoch, 1, s.execution_id, "execution.started", payload))
+        out.append(_rows.started(row, f, s.execution_id))
+    return out

@@ -1,0 +1,42 @@
+"""The query registries of both dialects: every query a backend runs is defined, every defined query is run, and
+the one payload still assembled in two languages (the finish's, around the database's retry time) has the
+same keys in both."""
+
+from __future__ import annotations
+
+import json
+import re
+from importlib import resources
+
+import pytest
+
+from tenure.backends import _rules
+from tenure.backends._queries import load_queries
+from tenure.contracts.states import JobState
+from tenure.contracts.types import Fence, Finish
+
+_USE = re.compile(r"""\bQ\[["']([a-z_][a-z0-9_]*)["']\]""")
+
+
+def _used(dialect: str) -> set[str]:
+    used: set[str] = set()
+    for entry in resources.files(f"tenure.backends.{dialect}").iterdir():
+        if entry.name.endswith(".py"):
+            used |= set(_USE.findall(entry.read_text(encoding="utf-8")))
+    return used
+
+
+@pytest.mark.parametrize("dialect", ["postgres", "sqlite"])
+def test_every_query_a_backend_runs_is_defined_and_every_defined_query_is_run(dialect: str) -> None:
+    defined = set(load_queries(f"tenure.backends.{dialect}"))
+    used = _used(dialect)
+    assert used - defined == set(), "run but not defined"
+    assert defined - used == set(), "defined but never run"
+
+
+def test_the_finish_payload_has_the_same_keys_in_both_dialects() -> None:
+    sql = load_queries("tenure.backends.postgres")["finish_executions"]
+    built = sql[sql.index("json_build_object(") : sql.index("next_attempt_at',") + len("next_attempt_at'")]
+    postgres_keys = re.findall(r"'([a-z_]+)',", built + ",")
+    finish = Finish(Fence("j", 1, 2), "x", 0.0, JobState.SUCCEEDED, 2, "null")
+    assert postgres_keys == list(json.loads(_rules.finish_payload(finish, None)))
