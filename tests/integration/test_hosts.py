@@ -47,6 +47,11 @@ APP = "tests.integration.hosts_app:app"
 T = TypeVar("T")
 
 
+async def submit_id(client: LocalClient, agent: str, input: object) -> str:
+    """Admit a job through the store and answer its id."""
+    return (await client.submit(agent, input)).job.id
+
+
 # -- the site: a network, PostgreSQL over the bridge, the processes on its hosts ------------------------------------
 @dataclass
 class Site:
@@ -228,9 +233,9 @@ async def test_a_worker_host_cut_off_mid_job_loses_every_job_to_another_host_and
         env={"TENURE_CLAIM_MODE": "two_step", "TENURE_FAULTS": f"after_claim@echo=sleep:{PARK_S:g}"},
     )
     async with connect(APP, site.url) as client:
-        r = await client.submit("ticker", {"seconds": 300, "then": 0.5, "every": 0.1, "marks": str(marks_r)})
-        n = await client.submit(
-            "ticker_once", {"seconds": 300, "every": 0.1, "marks": str(marks_n), "until": str(release_n)}
+        r = await submit_id(client, "ticker", {"seconds": 300, "then": 0.5, "every": 0.1, "marks": str(marks_r)})
+        n = await submit_id(
+            client, "ticker_once", {"seconds": 300, "every": 0.1, "marks": str(marks_n), "until": str(release_n)}
         )
 
         async def running_on_a(job_id: str) -> Job | None:
@@ -240,7 +245,7 @@ async def test_a_worker_host_cut_off_mid_job_loses_every_job_to_another_host_and
 
         for job_id in (r, n):
             await _within("R and N to run (and tick) on worker A", 30, lambda j=job_id: running_on_a(j), site)
-        p = await client.submit("echo", {"pre_start": True})
+        p = await submit_id(client, "echo", {"pre_start": True})
         parked = await _within(
             "worker A to claim P (and park before its start)",
             20,
@@ -545,7 +550,7 @@ async def test_a_worker_partitioned_from_redis_only_keeps_working_through_postgr
             async def plain_jobs(n: int, tag: str) -> list[str]:
                 ids = []
                 for i in range(n):
-                    ids.append(await client.submit("echo", {tag: i}))
+                    ids.append(await submit_id(client, "echo", {tag: i}))
                     await asyncio.sleep(0.5)
                 return ids
 
@@ -557,8 +562,8 @@ async def test_a_worker_partitioned_from_redis_only_keeps_working_through_postgr
 
             # Before: everything through Redis.
             before = await run_all(
-                [await client.submit("echo", {"n": i}) for i in range(3)]
-                + [await client.submit("quota_call", {"key": key}) for key in ("k", "j")],
+                [await submit_id(client, "echo", {"n": i}) for i in range(3)]
+                + [await submit_id(client, "quota_call", {"key": key}) for key in ("k", "j")],
                 30,
             )
             await succeeded_on_the_worker(before)
@@ -568,8 +573,8 @@ async def test_a_worker_partitioned_from_redis_only_keeps_working_through_postgr
             assert not await asyncio.to_thread(host.reaches, redis.bind, redis.port, 1.0)
             assert await asyncio.to_thread(host.reaches, site.network.gateway, site.forwarder.port)
             plain = await plain_jobs(6, "partitioned")
-            closed = [await client.submit("quota_call", {"key": "k"}) for _ in range(2)]
-            opened = [await client.submit("quota_call", {"key": "j"}) for _ in range(2)]
+            closed = [await submit_id(client, "quota_call", {"key": "k"}) for _ in range(2)]
+            opened = [await submit_id(client, "quota_call", {"key": "j"}) for _ in range(2)]
             by_id = {j.id: j for j in await run_all(plain + closed + opened, 90)}
             await succeeded_on_the_worker([by_id[j] for j in plain + opened])
             for job_id in closed:
@@ -600,7 +605,7 @@ async def test_a_worker_partitioned_from_redis_only_keeps_working_through_postgr
             host.unblock()
             # The last refusal short-circuits the backend for 3 s (docs/quotas.md): admissions resume after it.
             await asyncio.sleep(4.0)
-            (after,) = await run_all([await client.submit("quota_call", {"key": "k"})], 60)
+            (after,) = await run_all([await submit_id(client, "quota_call", {"key": "k"})], 60)
             assert after.state is JobState.SUCCEEDED, (after, site.logs())
     finally:
         redis.kill()
