@@ -264,16 +264,21 @@ class Managed:
         self.log_path = log_dir / f"{name}.log"
         self.proc: asyncio.subprocess.Process | None = None
         self.starts = 0
-        self.unexpected: list[int] = []  # exit codes of deaths nobody planned
+        self.unexpected: list[str] = []  # deaths nobody planned, of a process that had started
+        self.startup_failures: list[str] = []  # exits during start-up, with the CLI's error line
         self.stopping = False
         self.frozen = False
         self._killed_by_us = False
         self._restart_after = 0.5
+        self._started_at = 0.0
+        self._log_offset = 0
         self._watch: asyncio.Task[None] | None = None
         self.up = asyncio.Event()
 
     async def start(self) -> None:
         self.starts += 1
+        self._started_at = time.monotonic()
+        self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         with open(self.log_path, "ab") as log:
             log.write(f"\n=== start {self.starts} at {time.strftime('%H:%M:%S')} ===\n".encode())
             log.flush()
@@ -291,8 +296,18 @@ class Managed:
         if self._killed_by_us:
             delay = self._restart_after
         else:
-            self.unexpected.append(code)
-            say(f"UNEXPECTED: {self.name} (pid {proc.pid}) exited with {code}; restarting (log {self.log_path})")
+            with open(self.log_path, "rb") as log:
+                log.seek(self._log_offset)
+                lines = log.read().decode(errors="replace").splitlines()
+            error = next((line for line in reversed(lines) if line.startswith("tenure: ")), None)
+            what = f"{self.name} (pid {proc.pid}) exited with {code} after {time.monotonic() - self._started_at:.1f}s"
+            if error is not None and time.monotonic() - self._started_at < 20:
+                # The CLI refused to start (its one-paragraph error): a start-up that met a fault, not a crash.
+                self.startup_failures.append(f"{what}: {error}")
+                say(f"start-up failed: {what}: {error[:300]}; restarting")
+            else:
+                self.unexpected.append(f"{what}; last lines: {lines[-3:]}")
+                say(f"UNEXPECTED: {what}; restarting (log {self.log_path})")
             delay = 0.5
         await asyncio.sleep(delay)
         if not self.stopping:
@@ -873,6 +888,7 @@ class Checks:
     effects_missing: int = 0
     unexpected_exits: int = 0
     zombie_effects: int = 0  # informational: effects of lost jobs performed after they were declared lost
+    startup_failures: int = 0  # informational: processes that refused to start (the CLI's error) during a fault
 
     def line(self) -> str:
         return " ".join(f"{k}={v}" for k, v in asdict(self).items())
@@ -1167,6 +1183,9 @@ async def main_async(args: argparse.Namespace) -> int:
         checks.store_jobs = len(job_rows)
         checks.duplicate_jobs = len(job_rows) - len(set(clients.ids.values()))
         checks.unexpected_exits = sum(len(m.unexpected) for m in run.procs)
+        checks.startup_failures = sum(len(m.startup_failures) for m in run.procs)
+        evidence.extend(f"unexpected exit: {u}" for m in run.procs for u in m.unexpected)
+        evidence.extend(f"start-up failure: {u}" for m in run.procs for u in m.startup_failures)
 
         outcomes: dict[str, Counter[str]] = defaultdict(Counter)
         for r in job_rows:
