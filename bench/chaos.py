@@ -563,6 +563,87 @@ class Clients:
             f.note = f"gave up after {len(f.seen)} events"
 
 
+# -- the stale writer -------------------------------------------------------------------------------------------------
+class Zombie:
+    """A worker come back from the dead, on purpose: the freezes make real zombies, but a worker that fences itself
+    in time (as it should) writes nothing stale, and then the store's own fences go untested. So this remembers the
+    fences of running executions (read from the jobs table: job, epoch, token, execution, owner) and, once each has
+    lost its job (its epoch moved on, its token changed, or it left `running`), replays through Tenure's Store API
+    what that execution could still try: an event append (the next seq of its epoch) and a finish CAS. Every one
+    must match nothing. `accepted` counts those the store took; the checker must find each of them in the store as
+    a stale write too."""
+
+    def __init__(self, database_url: str, reader: StoreReader, seed: int) -> None:
+        self.url = database_url
+        self.reader = reader
+        self.rng = random.Random(f"{seed}:zombie")
+        self.remembered: dict[str, tuple[int, int, str, str, float]] = {}  # job -> epoch, token, execution, owner, at
+        self.attempted = 0
+        self.accepted: list[str] = []
+        self.failed = 0  # attempts the store could not answer (a terminated connection): not counted either way
+
+    async def run(self, until: asyncio.Event) -> None:
+        from tenure.app import open_store
+        from tenure.settings import Settings
+
+        store = await open_store(Settings(database_url=self.url), migrate=False)
+        try:
+            while not until.is_set():
+                await asyncio.sleep(0.5)
+                with contextlib.suppress(Exception):
+                    await self._remember()
+                    await self._haunt(store)
+        finally:
+            await store.close()
+
+    async def _remember(self) -> None:
+        rows = await self.reader.fetch(
+            "SELECT id::text, epoch, token, execution_id::text, owner FROM jobs WHERE state = 'running'"
+            " ORDER BY random() LIMIT 4",
+            "SELECT id, epoch, token, execution_id, owner FROM jobs WHERE state = 'running' ORDER BY random() LIMIT 4",
+        )
+        for job_id, epoch, token, execution_id, owner in rows:
+            if len(self.remembered) < 40 and token is not None and execution_id is not None:
+                self.remembered.setdefault(job_id, (int(epoch), int(token), execution_id, owner, time.monotonic()))
+
+    async def _haunt(self, store: Any) -> None:
+        from tenure.contracts.states import JobState
+        from tenure.contracts.types import Fence, Finish, NewEvent
+
+        for job_id, (epoch, token, execution_id, owner, at) in list(self.remembered.items()):
+            if time.monotonic() - at < 1.0:
+                continue
+            now = await self.reader.fetch(
+                f"SELECT state, epoch, token FROM jobs WHERE id = '{job_id}'",
+                f"SELECT state, epoch, token FROM jobs WHERE id = '{job_id}'",
+            )
+            state, cur_epoch, cur_token = now[0]
+            if state == "running" and int(cur_epoch) == epoch and cur_token is not None and int(cur_token) == token:
+                if time.monotonic() - at > 30:
+                    del self.remembered[job_id]
+                continue  # still its job: nothing stale to try yet
+            del self.remembered[job_id]
+            last = await self.reader.fetch(
+                f"SELECT coalesce(max(seq), 0) FROM events WHERE job_id = '{job_id}' AND epoch = {epoch}",
+                f"SELECT coalesce(max(seq), 0) FROM events WHERE job_id = '{job_id}' AND epoch = {epoch}",
+            )
+            seq = int(last[0][0]) + 1
+            fence = Fence(job_id, epoch, token)
+            try:
+                self.attempted += 1
+                rejected = await store.append_events(
+                    [NewEvent(fence, execution_id, seq, "zombie.append", json.dumps({"zombie": True}))]
+                )
+                if job_id not in rejected:
+                    self.accepted.append(f"append of job {job_id} at {epoch}-{seq} (the job was {state})")
+                self.attempted += 1
+                finish = Finish(fence, execution_id, time.time(), JobState.SUCCEEDED, seq + 1, '{"zombie": true}')
+                if job_id in await store.finish(owner or "zombie", [finish]):
+                    self.accepted.append(f"finish of job {job_id} at epoch {epoch} (the job was {state})")
+            except Exception:  # the store is under faults too: a failed attempt proves nothing either way
+                self.failed += 1
+
+
 # -- the run ----------------------------------------------------------------------------------------------------------
 @dataclass
 class Injected:
@@ -889,6 +970,8 @@ class Checks:
     unexpected_exits: int = 0
     zombie_effects: int = 0  # informational: effects of lost jobs performed after they were declared lost
     startup_failures: int = 0  # informational: processes that refused to start (the CLI's error) during a fault
+    zombie_writes: int = 0  # informational: stale writes the deliberate zombie attempted
+    zombie_accepted: int = 0  # of which the store accepted (each must also be one of the verdict's stale_writes)
 
     def line(self) -> str:
         return " ".join(f"{k}={v}" for k, v in asdict(self).items())
@@ -902,6 +985,7 @@ class Checks:
             or self.result_mismatch
             or self.effects_missing
             or self.unexpected_exits
+            or self.zombie_accepted
         )
 
 
@@ -1132,6 +1216,9 @@ async def main_async(args: argparse.Namespace) -> int:
                 )
 
         monitor = asyncio.create_task(progress())
+        zombie = Zombie(database_url, reader, args.seed)
+        haunting = asyncio.Event()
+        zombie_task = asyncio.create_task(zombie.run(haunting))
         overruns: list[str] = []
         sampler = asyncio.create_task(run.sample_mock(t0, overruns))
         submitters = []
@@ -1142,6 +1229,8 @@ async def main_async(args: argparse.Namespace) -> int:
         await asyncio.gather(*submitters)
         submit_end = time.monotonic()
         await faults
+        haunting.set()
+        await zombie_task
         faults_end = time.monotonic()
         say(
             f"admission done at +{submit_end - t0:.1f}s, faults done at +{faults_end - t0:.1f}s: "
@@ -1184,6 +1273,9 @@ async def main_async(args: argparse.Namespace) -> int:
         checks.duplicate_jobs = len(job_rows) - len(set(clients.ids.values()))
         checks.unexpected_exits = sum(len(m.unexpected) for m in run.procs)
         checks.startup_failures = sum(len(m.startup_failures) for m in run.procs)
+        checks.zombie_writes = zombie.attempted
+        checks.zombie_accepted = len(zombie.accepted)
+        evidence.extend(f"zombie write accepted: {z}" for z in zombie.accepted)
         evidence.extend(f"unexpected exit: {u}" for m in run.procs for u in m.unexpected)
         evidence.extend(f"start-up failure: {u}" for m in run.procs for u in m.startup_failures)
 

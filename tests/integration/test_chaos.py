@@ -88,6 +88,9 @@ def test_the_bounded_chaos_profile_ends_with_every_invariant_at_zero(store: str,
         kinds += ["redis_restart", "redis_flushall", "pg_terminate"]
     assert all(int(counts.get(k, 0)) >= 2 for k in kinds), injected
     assert int(verdict["faults"]) >= 2 * len(kinds)
+    # The stale-write invariant was exercised: the deliberate zombie replayed hundreds of outdated fences.
+    checks = dict(re.findall(r"(\w+)=(\d+)", next(line for line in lines if line.startswith("chaos: checks: "))))
+    assert int(checks["zombie_writes"]) >= 100 and checks["zombie_accepted"] == "0", checks
 
 
 def test_the_checker_counts_each_kind_of_violation_it_claims_to_catch() -> None:
