@@ -1315,7 +1315,7 @@ async def main_async(args: argparse.Namespace) -> int:
             "checks": asdict(checks),
             "outcomes": {a: dict(o) for a, o in outcomes.items()},
             "mock": stats,
-            "faults": run.injected.log,
+            "faults": sorted(run.injected.log),  # "+  12.34s kind ...": fixed width, so in time order
             "evidence": evidence,
             "timing": {"admission_s": submit_end - t0, "faults_s": faults_end - t0, "run_s": drained - t0},
         }
