@@ -3,8 +3,8 @@ driven by a printed seed, kills, freezes and cuts off the processes and services
 checker reads the store, the side-effect counters and the mock model's counters and prints one verdict line.
 
     .venv/bin/python bench/chaos.py --jobs 10000 --seed 16 --database-url postgresql://postgres@127.0.0.1:5432/test
-    .venv/bin/python bench/chaos.py --jobs 1000 --seed 7                       # SQLite file, no Redis
-    .venv/bin/python bench/chaos.py --jobs 1000 --seed 7 --plan-only           # print the fault schedule and stop
+    .venv/bin/python bench/chaos.py --profile bounded --seed 17                # SQLite, 1,000 jobs (make test's)
+    .venv/bin/python bench/chaos.py --seed 16 --plan-only                      # print the fault schedule and stop
 
 The last line reads
 
@@ -135,6 +135,13 @@ TERMINAL_EVENTS = frozenset(f"job.{s}" for s in TERMINAL)
 CLOSING_EVENTS = TERMINAL_EVENTS | {"execution.lost", "execution.retrying"}
 MIX = (("safe", 0.35), ("effect", 0.25), ("chat", 0.20), ("stream", 0.20))
 ALL_KINDS = ("worker_kill", "worker_stop", "redis_restart", "redis_flushall", "pg_terminate", "gateway_kill")
+
+
+PROFILES: dict[str, dict[str, Any]] = {
+    "full": {"jobs": 10000, "rate": 40.0, "faults_per_kind": 5, "deadline_s": 120.0},
+    # make test (tests/integration/test_chaos.py): about a minute on the 2-core machine, under 4 minutes loaded.
+    "bounded": {"jobs": 1000, "rate": 25.0, "faults_per_kind": 2, "deadline_s": 60.0},
+}
 
 
 def say(text: str) -> None:
@@ -1342,19 +1349,29 @@ async def main_async(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--jobs", type=int, default=10000)
+    p.add_argument(
+        "--profile",
+        choices=sorted(PROFILES),
+        default="full",
+        help="full: 10,000 jobs at 40/s, 5 faults per kind at least; bounded (make test): 1,000 at 25/s, 2 per kind."
+        " The flags below override it",
+    )
+    p.add_argument("--jobs", type=int)
     p.add_argument("--seed", type=int, default=None, help="replays the same fault schedule and job mix (default: random)")
     p.add_argument("--database-url", help="a PostgreSQL server to create the run's database on (default: SQLite)")
     p.add_argument("--redis-url", help="'none', or a Redis this run may flush (default on PostgreSQL: a private one)")
-    p.add_argument("--rate", type=float, default=40.0, help="jobs admitted per second (the window is jobs / rate)")
-    p.add_argument("--faults-per-kind", type=int, default=5)
+    p.add_argument("--rate", type=float, help="jobs admitted per second (the window is jobs / rate)")
+    p.add_argument("--faults-per-kind", type=int)
     p.add_argument("--concurrency", type=int, default=16, help="slots per worker")
-    p.add_argument("--deadline-s", type=float, default=120.0, help="queue deadline of every job")
+    p.add_argument("--deadline-s", type=float, help="queue deadline of every job")
     p.add_argument("--workdir", help="where logs, effects and the SQLite file go (default: a temporary directory)")
     p.add_argument("--json", help="also write the result here")
     p.add_argument("--keep", action="store_true", help="keep the work directory and the PostgreSQL database")
     p.add_argument("--plan-only", action="store_true", help="print the fault schedule for the seed and stop")
     args = p.parse_args(argv)
+    for name, value in PROFILES[args.profile].items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     if args.seed is None:
         args.seed = random.SystemRandom().randrange(1, 10**6)
     if args.plan_only:

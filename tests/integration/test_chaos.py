@@ -24,7 +24,7 @@ from tests.conftest import PG_BASE, PYTHON, ROOT
 
 CHAOS = ROOT / "bench" / "chaos.py"
 BUDGET_S = 240  # the bound for the bounded profile, on this 2-core shared machine
-PROFILE = ["--jobs", "1000", "--rate", "25", "--faults-per-kind", "2", "--deadline-s", "60"]
+PROFILE = ["--profile", "bounded"]  # 1,000 jobs at 25/s, two faults of each kind at least, 60 s queue deadline
 VERDICT = re.compile(
     r"chaos: jobs=1000 faults=(?P<faults>\d+) nonterminal=0 double_effects=0 stale_writes=0 quota_over=0 r429=0"
     r" stream_mismatch=0 jobs_per_s=(?P<rate>[0-9.]+)"
