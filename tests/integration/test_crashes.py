@@ -207,3 +207,31 @@ async def _running(client: LocalClient, job_id: str) -> bool:
 async def _unowned(client: LocalClient, job_id: str) -> Job | None:
     job = await client.job(job_id)
     return job if job.owner is None else None
+
+
+async def test_a_worker_frozen_past_its_claim_ttl_mid_job_takes_no_further_step_of_it_when_resumed(
+    workers: list[WorkerProc], database_url: str, tmp_path: Path
+) -> None:
+    """Found by the chaos run (bench/chaos.py, seed 1616, PostgreSQL + Redis: 11 `effect` jobs whose side effect
+    ran up to 1.5 s after the sweeper had declared them lost): a worker frozen past its claim TTL while a handler
+    sleeps, resumed after its job was declared lost, ran the handler's next step — its side effect — before its
+    heartbeat learnt that it had lost the job. No heartbeat got through for a whole TTL: it must stop first."""
+    counter = tmp_path / "counter"
+    app = "tests.apps.late_effect_app:app"
+    async with connect(app, database_url) as client:
+        a = spawn(workers, database_url, tmp_path, "a", app=app)
+        job_id = await client.submit("late_effect", {"seconds": TTL, "counter": str(counter)})
+
+        async def waiting() -> bool:
+            return "waiting" in [e.type for e in await client.events(job_id)]
+
+        await eventually(waiting, 20, "the handler to start waiting")
+        a.signal(signal.SIGSTOP)
+        spawn(workers, database_url, tmp_path, "b", app=app)  # its sweeper declares the frozen owner's job lost
+        job = await eventually(lambda: _terminal(client, job_id), TTL + SWEEP + 15, "the job to be lost")
+        assert job.state is JobState.LOST
+        a.signal(signal.SIGCONT)  # the handler's sleep is over: its next line is the side effect
+        await eventually(lambda: _logged(a, "ownership"), 10, "a to learn that it lost the job")
+        await asyncio.sleep(1.0)
+    assert not counter.exists(), f"the resumed zombie performed the side effect of a lost job\n{a.log()}"
+    assert a.proc.poll() is None, a.log()

@@ -412,3 +412,70 @@ async def test_waiters_poll_at_least_once_a_heartbeat(tmp_path: Path, with_redis
             assert quotas.poll_s <= settings.heartbeat_s
     finally:
         await backends.close()
+
+
+# -- a process frozen (SIGSTOP, a VM pause) for longer than the lease TTL -------------------------------------------
+# Found by the chaos run (bench/chaos.py, seed 7, PostgreSQL + Redis): a worker SIGSTOPped for 3.9 s with a 2.5 s TTL
+# sent two model calls the moment it was resumed, on leases that had expired while it was frozen and whose slots
+# other workers held: the mock model counted 6 calls in flight under a quota of 4. The freeze is simulated here by
+# blocking the event loop with time.sleep, which is what a frozen process looks like from the inside: the server's
+# clock went on, none of the process's own timers ran.
+FROZEN_TTL = 1.0
+
+
+async def test_a_block_frozen_past_the_ttl_makes_no_call_on_its_lapsed_lease(
+    open_leases: Callable[[], Awaitable[Leases]],
+) -> None:
+    import time
+
+    leases = await open_leases()
+    q = QuotaManager(leases, {"k": QuotaSpec("k", 1)}, ttl_s=FROZEN_TTL, poll_s=0.05)
+    loop = asyncio.get_running_loop()
+    calls: list[str] = []
+
+    async def heartbeat() -> None:  # the worker's quota heartbeat: a renewal every third of the TTL
+        while True:
+            await asyncio.sleep(FROZEN_TTL / 3)
+            await q.renew()
+
+    beat: asyncio.Task[None] | None = None
+    try:
+        with pytest.raises(LeaseLost):
+            async with q.for_execution("x").quota("k"):
+                beat = asyncio.create_task(heartbeat())
+                loop.call_later(0.02, time.sleep, FROZEN_TTL * 1.5)  # frozen while connecting to the model
+                await asyncio.sleep(0.1)
+                calls.append("the upstream call")  # resumed: the lease expired 0.5 s ago
+    finally:
+        if beat is not None:
+            beat.cancel()
+    assert calls == [], "a call went upstream on a lease that had expired while the process was frozen"
+
+
+async def test_a_slot_granted_just_before_a_freeze_past_the_ttl_is_not_used_without_being_confirmed(
+    open_leases: Callable[[], Awaitable[Leases]],
+) -> None:
+    import time
+
+    leases = await open_leases()
+    frozen = []
+
+    class FrozenAfterTheGrant:
+        """The real backend; the first acquire's answer is read only after the process was frozen for 1.5 TTLs."""
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(leases, name)
+
+        async def acquire_in_line(self, key: str, ticket: str, limit: int, ttl_s: float) -> bool:
+            granted = await leases.acquire_in_line(key, ticket, limit, ttl_s)
+            if not frozen:
+                frozen.append(ticket)
+                asyncio.get_running_loop().call_soon(time.sleep, FROZEN_TTL * 1.5)
+                await asyncio.sleep(0)  # the loop runs the freeze before this coroutine goes on
+            return granted
+
+    q = QuotaManager(FrozenAfterTheGrant(), {"k": QuotaSpec("k", 1)}, ttl_s=FROZEN_TTL, poll_s=0.05)  # type: ignore[arg-type]
+    async with q.for_execution("x").quota("k"):
+        # The upstream call starts here: the slot must be ours on the server now, not only before the freeze.
+        assert await leases.holders("k") == ["x:0"], "the block runs on a lease that expired while the process was frozen"
+    assert frozen

@@ -16,7 +16,12 @@ no further round trip. Polling (`acquire_in_line` again every `poll_s`) is the f
 configured, a message is lost, or a slot came free by expiry (nobody released it).
 
 Fencing: when a renewal reports a lease lost, the task inside the holding block is cancelled and the block
-raises `LeaseLost`: the slot may already belong to someone else, so no upstream call continues on it.
+raises `LeaseLost`: the slot may already belong to someone else, so no upstream call continues on it. Every lease
+also carries the moment until which this process knows it valid (the send time of the call that granted or last
+renewed it, plus the TTL); a loop timer fences it then if no renewal came first. A process that was frozen
+(SIGSTOP, a VM pause) or starved past that moment runs that timer before any task it resumes, so no block goes on
+to call upstream on a lease that expired meanwhile; and a slot whose grant is read only after such a stall is
+confirmed by one renewal before its block runs (an expired lease is never renewed).
 
 Failure policy per key: `fail-closed` (default) raises `QuotaUnavailable` and short-circuits the backend
 for `breaker_s` seconds; `fail-open` lets the call through without a lease and counts it.
@@ -63,13 +68,15 @@ def quota_topic(key: str) -> str:
 
 
 class _Hold:
-    """One lease this process holds (a slot, or a ticket in a waiting line) and whom to tell if it is lost."""
+    """One lease this process holds (a slot, or a ticket in a waiting line), whom to tell if it is lost, and until
+    when (`time.monotonic()`) it is known valid on the server."""
 
-    __slots__ = ("on_lost", "ref")
+    __slots__ = ("on_lost", "ref", "valid_until")
 
-    def __init__(self, ref: LeaseRef, on_lost: Callable[[], None]) -> None:
+    def __init__(self, ref: LeaseRef, on_lost: Callable[[], None], valid_until: float) -> None:
         self.ref = ref
         self.on_lost = on_lost
+        self.valid_until = valid_until
 
 
 class QuotaManager:
@@ -106,6 +113,8 @@ class QuotaManager:
         self._announce = asyncio.Event()
         self._down_until = 0.0
         self._last_renewed = time.monotonic()
+        self._fence: asyncio.TimerHandle | None = None  # fires when the soonest held lease's validity runs out
+        self._fence_at = 0.0
         self.fail_open_admitted: Counter[str] = Counter()
         """Calls let through without a lease because the backend was down (fail-open keys), by key."""
         self.rejected: Counter[str] = Counter()
@@ -169,7 +178,41 @@ class QuotaManager:
                     # (A ticket leaves the line when it is served, often before its waiter has heard of it.)
                     log.warning("quota lease %s of %s was lost", hold.ref.holder, hold.ref.key)
                 hold.on_lost()
+            elif hold.ref not in lost:
+                hold.valid_until = max(hold.valid_until, sent + self.ttl_s)
+        self._arm_fence()
         return lost_refs
+
+    def _arm_fence(self) -> None:
+        """Have the loop fence the soonest-lapsing lease when its validity runs out, unless renewed by then."""
+        if not self._held:
+            return
+        soonest = min(h.valid_until for h in self._held.values())
+        if self._fence is not None:
+            if self._fence_at <= soonest:
+                return  # fires first; it re-arms for whatever is still held then
+            self._fence.cancel()
+        self._fence_at = soonest
+        self._fence = asyncio.get_running_loop().call_later(max(0.0, soonest - time.monotonic()), self._fence_lapsed)
+
+    def _fence_lapsed(self) -> None:
+        # A loop callback, not a task: after a freeze or a stall the loop runs it before the steps of the tasks it
+        # resumes (those are scheduled by this same loop iteration, so they run in the next one), and the
+        # cancellation of a holding block lands before its task can send anything upstream.
+        self._fence = None
+        now = time.monotonic()
+        for hold in [h for h in self._held.values() if h.valid_until <= now]:
+            del self._held[hold.ref]
+            if not hold.ref.key.endswith(WAIT_SUFFIX):
+                log.warning(
+                    "quota lease %s of %s lapsed %.2f s ago without a renewal (the process was frozen or starved): "
+                    "fencing its holder",
+                    hold.ref.holder,
+                    hold.ref.key,
+                    now - hold.valid_until,
+                )
+            hold.on_lost()
+        self._arm_fence()
 
     # -- wake-ups ---------------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -233,8 +276,13 @@ class QuotaManager:
             self._announce.set()
 
     # -- acquire / release -----------------------------------------------------------------------------------
-    def _track(self, ref: LeaseRef, on_lost: Callable[[], None]) -> None:
-        self._held[ref] = _Hold(ref, on_lost)
+    def _track(self, ref: LeaseRef, on_lost: Callable[[], None], valid_until: float | None = None) -> _Hold:
+        """Hold `ref` (renewed by the heartbeat; `on_lost()` when it is lost). `valid_until`: until when it is known
+        valid on the server (default: what the last renewal vouches for)."""
+        hold = _Hold(ref, on_lost, self._last_renewed + self.ttl_s if valid_until is None else valid_until)
+        self._held[ref] = hold
+        self._arm_fence()
+        return hold
 
     def _untrack(self, ref: LeaseRef) -> None:
         self._held.pop(ref, None)
@@ -246,33 +294,68 @@ class QuotaManager:
         """Take a slot of `spec.key` for `holder`. True when a lease is held; False when the backend is down
         and the key is fail-open (the call proceeds unleased). Raises `QuotaExhausted` or
         `QuotaUnavailable`."""
-        if self._short_circuited():
-            return self._backend_down(spec, None)
-        try:
-            if not wait:  # never waits, so never queues either
-                if await self.leases.acquire(spec.key, holder, spec.limit, self.ttl_s):
-                    return True
-                self.rejected[spec.key] += 1
-                self.rejections[(spec.key, "full")] += 1
-                raise QuotaExhausted(f"every slot of quota {spec.key!r} is held", spec.key, spec.limit)
-            return await self._acquire_in_line(spec, holder, timeout_s)
-        except LeasesUnavailable as exc:
-            return self._backend_down(spec, exc)
+        return await self.acquire_until(spec, holder, wait=wait, timeout_s=timeout_s) is not None
 
-    async def _acquire_in_line(self, spec: QuotaSpec, holder: str, timeout_s: float | None) -> bool:
+    async def acquire_until(self, spec: QuotaSpec, holder: str, *, wait: bool, timeout_s: float | None) -> float | None:
+        """`acquire`, answering until when (`time.monotonic()`) the lease is known valid, or None when the call
+        proceeds unleased (fail-open)."""
+        if self._short_circuited():
+            self._backend_down(spec, None)
+            return None
         loop = asyncio.get_running_loop()
         deadline = None if timeout_s is None else loop.time() + timeout_s
+        try:
+            while True:
+                if not wait:  # never waits, so never queues either
+                    sent = time.monotonic()
+                    if not await self.leases.acquire(spec.key, holder, spec.limit, self.ttl_s):
+                        self.rejected[spec.key] += 1
+                        self.rejections[(spec.key, "full")] += 1
+                        raise QuotaExhausted(f"every slot of quota {spec.key!r} is held", spec.key, spec.limit)
+                    valid_until = sent + self.ttl_s
+                else:
+                    left = None if deadline is None else max(0.0, deadline - loop.time())
+                    valid_until = await self._acquire_in_line(spec, holder, left, timeout_s)
+                confirmed = await self._confirm(spec.key, holder, valid_until)
+                if confirmed is not None:
+                    return confirmed
+                # Expired while this process could not run: its slot may be someone else's now. Ask again.
+        except LeasesUnavailable as exc:
+            self._backend_down(spec, exc)
+            return None
+
+    async def _confirm(self, key: str, holder: str, valid_until: float) -> float | None:
+        """A lease with most of its TTL left is taken as granted. One whose grant was read late — the process was
+        frozen or starved in between — may have expired on the server, its slot taken by someone else: one renewal
+        tells (an expired lease is never renewed). Returns until when it is valid, or None if it is gone."""
+        if valid_until - time.monotonic() >= self.ttl_s / 2:
+            return valid_until
+        sent = time.monotonic()
+        if await self.leases.renew([LeaseRef(key, holder)], self.ttl_s):
+            log.warning(
+                "quota lease %s of %s expired before its grant was read (frozen or starved): asking again", holder, key
+            )
+            return None
+        return sent + self.ttl_s
+
+    async def _acquire_in_line(self, spec: QuotaSpec, holder: str, left_s: float | None, timeout_s: float | None) -> float:
+        """Take a slot in line; until when it is known valid."""
+        loop = asyncio.get_running_loop()
+        deadline = None if left_s is None else loop.time() + left_s
         ticket = LeaseRef(line_key(spec.key), new_ticket(holder))
         # Listen before asking: a hand-over may be announced before the answer to our own call arrives.
         granted: asyncio.Future[None] = loop.create_future()
         self._waiters[ticket.holder] = granted
         queued = held = False
         try:
+            sent = time.monotonic()
             if await self.leases.acquire_in_line(spec.key, ticket.holder, spec.limit, self.ttl_s):
                 held = True
-                return True
+                return sent + self.ttl_s
             queued = True
-            self._track(ticket, lambda: None)  # a lost ticket is queued again by the next poll, keeping its place
+            # A lost ticket is queued again by the next poll, keeping its place. A slot handed to it lasts as long as
+            # the ticket would have: until its last refresh (a poll, or a renewal) plus the TTL.
+            line = self._track(ticket, lambda: None, sent + self.ttl_s)
             while True:
                 left = self.poll_s if deadline is None else min(self.poll_s, deadline - loop.time())
                 if left > 0:
@@ -281,7 +364,7 @@ class QuotaManager:
                         await asyncio.wait_for(asyncio.shield(granted), left * random.uniform(0.8, 1.0))
                 if granted.done():
                     held = True
-                    return True  # a release handed us the slot on the server: nothing left to ask
+                    return line.valid_until  # a release handed us the slot on the server: nothing left to ask
                 if deadline is not None and loop.time() >= deadline:
                     self.rejected[spec.key] += 1
                     self.rejections[(spec.key, "timeout")] += 1
@@ -289,9 +372,11 @@ class QuotaManager:
                         f"no slot of quota {spec.key!r} came free within {timeout_s:g} s", spec.key, spec.limit
                     )
                 # The floor: were we handed a slot whose message was lost, or did one come free by expiry?
+                sent = time.monotonic()
                 if await self.leases.acquire_in_line(spec.key, ticket.holder, spec.limit, self.ttl_s):
                     held = True
-                    return True
+                    return sent + self.ttl_s
+                line.valid_until = max(line.valid_until, sent + self.ttl_s)
         finally:
             self._waiters.pop(ticket.holder, None)
             self._untrack(ticket)
@@ -367,9 +452,10 @@ class QuotaBlock:
     async def _take(self, *, wait: bool, timeout_s: float | None) -> None:
         assert self.ref is not None
         manager = self._owner.manager
-        self.leased = await manager.acquire(self.spec, self.ref.holder, wait=wait, timeout_s=timeout_s)
-        if self.leased:
-            manager._track(self.ref, self._on_lost)
+        valid_until = await manager.acquire_until(self.spec, self.ref.holder, wait=wait, timeout_s=timeout_s)
+        self.leased = valid_until is not None
+        if valid_until is not None:
+            manager._track(self.ref, self._on_lost, valid_until)
 
     def _on_lost(self) -> None:
         if self.lost or self.paused:

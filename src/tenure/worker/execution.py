@@ -185,6 +185,9 @@ class Execution:
         )
         if self.task is not None and self.task is not asyncio.current_task():
             self.task.cancel(f"OwnershipLost: job {job_id} epoch {self.fence.epoch}")
+        if self.handler is not None and not self.handler.done() and self.handler is not asyncio.current_task():
+            # At once, not when the run task gets to _stop_handler: the handler's next step may be a side effect.
+            self.handler.cancel(f"OwnershipLost: job {job_id} epoch {self.fence.epoch}")
 
     def cancel(self) -> None:
         """A cancel request for the job: stop the handler; the finish writes `cancelled`."""

@@ -4,7 +4,9 @@ heartbeat   one round trip per interval renews every held claim and reports the 
             says which claims are no longer this worker's and which jobs have a cancel request. Sent from
             the loop, never from a thread, so a frozen loop cannot fake being alive; it measures how late the
             loop let it go. No renewal for a whole claim TTL: others may own these jobs now, so the worker
-            stops them all itself (self-fencing).
+            stops them all itself (self-fencing), from a loop timer rather than from this task: a worker
+            frozen (SIGSTOP, a VM pause) or starved past the TTL resumes its handlers' tasks before this one,
+            and a handler's next step may be a side effect; the timer's callback runs first.
 quotas      the heartbeat's quota half, on the same interval but its own task, so that a slow store round
             trip never delays the renewal of quota leases (one renewed late is lost, its slot handed on).
 control     cancel requests and commands as soon as the store hints at them (NOTIFY, a doorbell, Redis);
@@ -43,19 +45,62 @@ class Heartbeat:
         self._obs = observer
         self._quotas = quotas
         self._last_renewed = time.monotonic()
+        self._fence: asyncio.TimerHandle | None = None
         self._fenced_after = -1.0  # the last renewal after which this worker fenced itself (logged once)
 
     async def run(self) -> None:
-        """The heartbeat loop, with the self-fencing watchdog beside it."""
+        """The heartbeat loop. Self-fencing rides a loop timer beside it (see `_fence_lapsed`)."""
         cfg = self._config
         loop = asyncio.get_running_loop()
-        async with asyncio.TaskGroup() as tg:
-            tg.create_task(self._fence_when_silent(), name="self-fencing")
+        self._last_renewed = time.monotonic()
+        self._arm_fence()
+        try:
             while True:
                 due = loop.time() + cfg.heartbeat_s
                 await asyncio.sleep(cfg.heartbeat_s)
                 self._obs.heartbeat_sent(max(0.0, loop.time() - due), len(self._held))
                 await self.beat()
+        finally:
+            if self._fence is not None:
+                self._fence.cancel()
+
+    def _arm_fence(self, delay_s: float | None = None) -> None:
+        """Stop every held job when its claim may have expired on the server: at (last renewal sent) + TTL, or
+        `delay_s` from now."""
+        if self._fence is not None:
+            self._fence.cancel()
+        left = self._last_renewed + self._config.claim_ttl_s - time.monotonic() if delay_s is None else delay_s
+        self._fence = asyncio.get_running_loop().call_later(max(0.0, left), self._fence_lapsed)
+
+    def _fence_lapsed(self) -> None:
+        """No renewal for a whole TTL: others may own these jobs now. Stop everything (self-fencing).
+
+        A loop callback, not a task, and independent of the heartbeat's own round trip:
+        - after a freeze (SIGSTOP, a starved process) the loop runs it in the iteration that resumes, before the
+          steps of the tasks it wakes (those run in the next one), so every handler is cancelled before its next
+          line (measured before, bench/chaos.py seed 1616: side effects of lost jobs 0.7-1.5 s after the sweeper
+          had declared them lost);
+        - a pulled cable makes no error: the heartbeat's round trip waits as long as TCP retransmits (minutes),
+          and cancelling it would not help (asyncpg then waits for its cancel request, sent over the same dead
+          network), so the fence cannot wait for the round trip to fail.
+        While the silence lasts it fires again every heartbeat interval, for what was claimed meanwhile."""
+        self._fence = None
+        silent_s = time.monotonic() - self._last_renewed
+        if silent_s < self._config.claim_ttl_s:
+            self._arm_fence()
+            return
+        fences = self._held.fences()
+        if fences and self._fenced_after != self._last_renewed:
+            self._fenced_after = self._last_renewed
+            log.warning(
+                "no heartbeat got through for %.1f s (claim TTL %g s): stopping the %d jobs this worker holds",
+                silent_s,
+                self._config.claim_ttl_s,
+                len(fences),
+            )
+        for f in fences:
+            self._held.lose(f.job_id)
+        self._arm_fence(self._config.heartbeat_s)
 
     async def beat(self) -> None:
         """One heartbeat round trip: renew every held claim, learn of losses and cancel requests."""
@@ -67,44 +112,14 @@ class Heartbeat:
             reply = await self._store.heartbeat(self._worker_id, state, len(held.running), fences, cfg.claim_ttl_s)
         except StoreUnavailable as exc:
             log.warning("heartbeat failed: %s", exc)
-            self._fence_if_silent()
-            return
+            return  # the fence's timer stops everything once a whole TTL passed without a renewal
         self._last_renewed = sent
+        self._arm_fence()
         for f in reply.lost(fences):
             if held.holds(f):
                 held.lose(f.job_id)
         for job_id in reply.cancel_requested:
             held.cancel(job_id)
-
-    async def _fence_when_silent(self) -> None:
-        """Fence at (last renewal sent) + TTL even while a heartbeat still waits for its reply. A pulled cable
-        makes no error: the round trip waits as long as TCP retransmits (minutes), and cancelling it would not
-        help (asyncpg then waits for its cancel request, sent over the same dead network)."""
-        ttl_s = self._config.claim_ttl_s
-        while True:
-            left = self._last_renewed + ttl_s - time.monotonic()
-            if left > 0:
-                await asyncio.sleep(left)
-                continue
-            self._fence_if_silent()
-            await asyncio.sleep(self._config.heartbeat_s)  # and again for what was claimed meanwhile
-
-    def _fence_if_silent(self) -> None:
-        """No renewal for a whole TTL: others may already own our jobs. Stop everything (self-fencing)."""
-        silent_s = time.monotonic() - self._last_renewed
-        if silent_s <= self._config.claim_ttl_s:
-            return
-        fences = self._held.fences()
-        if fences and self._fenced_after != self._last_renewed:
-            self._fenced_after = self._last_renewed
-            log.warning(
-                "no heartbeat got through for %.1fs (claim TTL %gs): giving up %d claims and executions",
-                silent_s,
-                self._config.claim_ttl_s,
-                len(fences),
-            )
-        for f in fences:
-            self._held.lose(f.job_id)
 
     async def run_quotas(self) -> None:
         """Renew every quota lease of this process in one round trip per interval (a lost one cancels its
