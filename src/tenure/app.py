@@ -21,9 +21,12 @@ from typing import Any
 
 from tenure.backends.postgres import PostgresChannel, PostgresStore
 from tenure.backends.redis import RedisChannel, RedisLeases, RedisReadyIndex
+from tenure.backends.postgres.insights import PostgresInsights
 from tenure.backends.sqlite import SqliteStore
+from tenure.backends.sqlite.insights import SqliteInsights
 from tenure.contracts.channel import Channel
 from tenure.contracts.errors import ConfigError, NotFound
+from tenure.contracts.insights import Insights
 from tenure.contracts.states import JobState
 from tenure.contracts.store import Leases, Store
 from tenure.contracts.types import Event, Job, JobFilter, WorkerInfo, parse_cursor
@@ -75,6 +78,14 @@ async def open_store(settings: Settings, *, migrate: bool = True) -> Store:
             await store.close()
             raise
     return store
+
+
+async def open_insights(settings: Settings) -> Insights:
+    """The dashboard's read side (contracts/insights.py) on the store named by `settings.database_url`, on
+    connections of its own. The schema must be migrated."""
+    if settings.database_url.startswith("sqlite:"):
+        return await SqliteInsights.connect(settings.database_url)
+    return await PostgresInsights.connect(settings.database_url)
 
 
 class LocalClient:
