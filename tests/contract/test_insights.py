@@ -72,10 +72,12 @@ async def test_an_agent_filter_looks_through_a_bounded_window_and_says_where_it_
     safe = await submit(store, "safe")
     for _ in range(5):
         await submit(store)
-    page = await insights.job_page(JobQuery(agent="safe", agent_window=3, limit=10))
-    assert page.jobs == [] and page.scanned_to is not None and page.next_before == page.scanned_to
-    rest = await insights.job_page(JobQuery(agent="safe", agent_window=3, limit=10, before=page.next_before))
-    assert [j.id for j in rest.jobs] == [safe] and rest.next_before is None and rest.scanned_to is None
+    for tenant, state in ((None, None), ("default", None), (None, JobState.QUEUED), ("default", JobState.QUEUED)):
+        q = JobQuery(tenant, state, "safe", limit=10, agent_window=3)
+        page = await insights.job_page(q)
+        assert page.jobs == [] and page.scanned_to is not None and page.next_before == page.scanned_to
+        rest = await insights.job_page(JobQuery(tenant, state, "safe", page.next_before, 10, agent_window=3))
+        assert [j.id for j in rest.jobs] == [safe] and rest.next_before is None and rest.scanned_to is None
 
 
 async def test_search_by_id_range_and_by_idempotency_key(store: Store, insights: Insights) -> None:

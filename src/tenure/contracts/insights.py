@@ -68,6 +68,7 @@ class JobSummary:
     owner: str | None
     worker: str | None
     """The worker of the job's current or last execution (its owner while it is owned)."""
+    execution_id: str | None
     error_code: str | None
     error_message: str | None
     created_at: float

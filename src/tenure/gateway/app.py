@@ -25,9 +25,10 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route, WebSocketRoute
+from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
 from tenure.contracts.errors import IdempotencyConflict, TenureError
@@ -38,10 +39,12 @@ from tenure.contracts.types import AgentSpec, ControlOutcome, Enqueued, Job, Job
 from tenure.control.admission import ENVELOPE_DEPTH, Admission, AdmissionLimits, JobRequest, parse_json, shown
 from tenure.control.gate import CircuitOpen, Gate, GateConfig, InFlight, QueueFull
 from tenure.gateway.auth import Auth, Principal
+from tenure.gateway.cors import AccessToken, access_token, cors_middleware
 from tenure.gateway.openapi import openapi_document
 from tenure.gateway.problems import Problem, from_error
 from tenure.gateway.requests import check_submit_body, int_param, parse_cursor_param, parse_job_id
 from tenure.gateway.streams import EventHub
+from tenure.gateway.ui.sessions import Sessions
 from tenure.gateway.ws import WsSession
 from tenure.observability import metrics
 from tenure.observability.exposition import metrics_asgi_app
@@ -61,6 +64,7 @@ class GatewayConfig:
     sse_idle_s: float = 5.0  # keep-alive comment, and the floor for a lost live notice
     ws_queue: int = 1000  # frames queued for one socket before it is closed as a slow consumer
     ws_max_subscriptions: int = 100
+    cors_origins: tuple[str, ...] = ()  # TENURE_CORS_ORIGINS: exact origins allowed to call from a browser
 
     @property
     def max_body_bytes(self) -> int:
@@ -106,6 +110,7 @@ class Gateway:
         self.hub = EventHub(store, self.config.sse_idle_s)
         self._on_start = on_start
         self._on_stop = on_stop
+        self.sessions: Sessions | None = None  # the dashboard's cookie sessions, once mounted (mount_ui)
         metrics.QUEUE_CAPACITY.labels("global").set(self.config.gate.max_queued)
         routes = [
             Route("/v1/jobs", self.submit, methods=["POST"]),
@@ -133,7 +138,15 @@ class Gateway:
                 Exception: self._crash,
             },
             lifespan=self._lifespan,
+            # `?access_token=` leaves the URL before anything sees it; CORS only for TENURE_CORS_ORIGINS (cors.py).
+            middleware=[*cors_middleware(self.config.cors_origins), Middleware(AccessToken)],
         )
+
+    def mount_ui(self, routes: list[BaseRoute], sessions: Sessions) -> None:
+        """Serve the dashboard's routes (gateway/ui) beside the API; its session cookie then also authenticates
+        the API requests its own pages make (same origin, with the CSRF token for changes)."""
+        self.sessions = sessions
+        self.asgi.router.routes.extend(routes)
 
     # -- lifecycle ---------------------------------------------------------------------------------------------------
     @contextlib.asynccontextmanager
@@ -168,8 +181,13 @@ class Gateway:
         return Problem(500, "Internal error", "the gateway failed on this request; it is logged", "internal").response()
 
     # -- helpers -----------------------------------------------------------------------------------------------------
-    def _principal(self, request: Request) -> Principal:
-        p = self.auth.authenticate(request.headers.get("authorization"))
+    def _principal(self, request: Request, *, token: bool = False) -> Principal:
+        header = request.headers.get("authorization")
+        if header is None and token and (key := access_token(request.scope)) is not None:
+            header = f"Bearer {key}"  # a stream a browser opened (EventSource cannot send headers)
+        p = self.auth.authenticate(header)
+        if p is None and header is None and self.sessions is not None:
+            p = self.sessions.principal(request, request.method)
         if p is None:
             prob = Problem(401, "Unauthorized", "send Authorization: Bearer <API key>", "unauthorized")
             prob.headers["WWW-Authenticate"] = 'Bearer realm="tenure"'
@@ -321,7 +339,7 @@ class Gateway:
         return await self._control_response(request, "approve", payload)
 
     async def events(self, request: Request) -> Response:
-        who = self._principal(request)
+        who = self._principal(request, token=True)
         job = await self.load_job(request.path_params["job_id"], who)
         q = request.query_params
         after_text = q.get("after")
@@ -390,7 +408,7 @@ class Gateway:
 
     # -- WebSocket ---------------------------------------------------------------------------------------------------
     async def websocket(self, ws: WebSocket) -> None:
-        token = ws.query_params.get("access_token")
+        token = access_token(ws.scope)
         header = ws.headers.get("authorization") or (f"Bearer {token}" if token else None)
         who = self.auth.authenticate(header)
         if who is None:

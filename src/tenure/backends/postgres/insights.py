@@ -46,6 +46,7 @@ def _summary(r: asyncpg.Record) -> JobSummary:
         max_attempts=r["max_attempts"],
         owner=r["owner"],
         worker=r["worker"],
+        execution_id=r["execution_id"],
         error_code=r["error_code"],
         error_message=r["error_message"],
         created_at=r["created_at"],

@@ -12,7 +12,8 @@ WITH w AS (
      ORDER BY id DESC LIMIT $2
 )
 SELECT j.id::text AS id, j.tenant, j.agent, j.state, j.priority, j.epoch, j.attempts, j.max_attempts, j.owner,
-       coalesce(j.owner, e.worker_id) AS worker, j.error_code, left(j.error_message, 300) AS error_message,
+       coalesce(j.owner, e.worker_id) AS worker, j.execution_id::text AS execution_id,
+       j.error_code, left(j.error_message, 300) AS error_message,
        extract(epoch FROM j.created_at)::float8 AS created_at, extract(epoch FROM j.updated_at)::float8 AS updated_at,
        extract(epoch FROM j.finished_at)::float8 AS finished_at
   FROM w JOIN jobs AS j ON j.id = w.id LEFT JOIN executions AS e ON e.id = j.execution_id
@@ -38,7 +39,8 @@ WITH w AS (
      ORDER BY id DESC LIMIT $2
 )
 SELECT j.id::text AS id, j.tenant, j.agent, j.state, j.priority, j.epoch, j.attempts, j.max_attempts, j.owner,
-       coalesce(j.owner, e.worker_id) AS worker, j.error_code, left(j.error_message, 300) AS error_message,
+       coalesce(j.owner, e.worker_id) AS worker, j.execution_id::text AS execution_id,
+       j.error_code, left(j.error_message, 300) AS error_message,
        extract(epoch FROM j.created_at)::float8 AS created_at, extract(epoch FROM j.updated_at)::float8 AS updated_at,
        extract(epoch FROM j.finished_at)::float8 AS finished_at
   FROM w JOIN jobs AS j ON j.id = w.id LEFT JOIN executions AS e ON e.id = j.execution_id
@@ -50,7 +52,7 @@ SELECT j.id::text AS id, j.tenant, j.agent, j.state, j.priority, j.epoch, j.atte
 SELECT min(id::text COLLATE "C"), count(*)::int FROM (
     SELECT id FROM jobs
      WHERE id < $1::uuid
-       AND tenant = $5
+       AND tenant = $3
      ORDER BY id DESC LIMIT $2
 ) AS w
 
@@ -65,7 +67,8 @@ WITH w AS (
      ORDER BY id DESC LIMIT $2
 )
 SELECT j.id::text AS id, j.tenant, j.agent, j.state, j.priority, j.epoch, j.attempts, j.max_attempts, j.owner,
-       coalesce(j.owner, e.worker_id) AS worker, j.error_code, left(j.error_message, 300) AS error_message,
+       coalesce(j.owner, e.worker_id) AS worker, j.execution_id::text AS execution_id,
+       j.error_code, left(j.error_message, 300) AS error_message,
        extract(epoch FROM j.created_at)::float8 AS created_at, extract(epoch FROM j.updated_at)::float8 AS updated_at,
        extract(epoch FROM j.finished_at)::float8 AS finished_at
   FROM w JOIN jobs AS j ON j.id = w.id LEFT JOIN executions AS e ON e.id = j.execution_id
@@ -77,7 +80,7 @@ SELECT j.id::text AS id, j.tenant, j.agent, j.state, j.priority, j.epoch, j.atte
 SELECT min(id::text COLLATE "C"), count(*)::int FROM (
     SELECT id FROM jobs
      WHERE id < $1::uuid
-       AND state = $5
+       AND state = $3
      ORDER BY id DESC LIMIT $2
 ) AS w
 
@@ -92,7 +95,8 @@ WITH w AS (
      ORDER BY id DESC LIMIT $2
 )
 SELECT j.id::text AS id, j.tenant, j.agent, j.state, j.priority, j.epoch, j.attempts, j.max_attempts, j.owner,
-       coalesce(j.owner, e.worker_id) AS worker, j.error_code, left(j.error_message, 300) AS error_message,
+       coalesce(j.owner, e.worker_id) AS worker, j.execution_id::text AS execution_id,
+       j.error_code, left(j.error_message, 300) AS error_message,
        extract(epoch FROM j.created_at)::float8 AS created_at, extract(epoch FROM j.updated_at)::float8 AS updated_at,
        extract(epoch FROM j.finished_at)::float8 AS finished_at
   FROM w JOIN jobs AS j ON j.id = w.id LEFT JOIN executions AS e ON e.id = j.execution_id
@@ -104,14 +108,15 @@ SELECT j.id::text AS id, j.tenant, j.agent, j.state, j.priority, j.epoch, j.atte
 SELECT min(id::text COLLATE "C"), count(*)::int FROM (
     SELECT id FROM jobs
      WHERE id < $1::uuid
-       AND tenant = $5 AND state = $6
+       AND tenant = $3 AND state = $4
      ORDER BY id DESC LIMIT $2
 ) AS w
 
 -- name: job_id_range --
 -- Jobs whose id lies in [$1, $2] (a search by id prefix), optionally of tenant $3, newest first.
 SELECT j.id::text AS id, j.tenant, j.agent, j.state, j.priority, j.epoch, j.attempts, j.max_attempts, j.owner,
-       coalesce(j.owner, e.worker_id) AS worker, j.error_code, left(j.error_message, 300) AS error_message,
+       coalesce(j.owner, e.worker_id) AS worker, j.execution_id::text AS execution_id,
+       j.error_code, left(j.error_message, 300) AS error_message,
        extract(epoch FROM j.created_at)::float8 AS created_at, extract(epoch FROM j.updated_at)::float8 AS updated_at,
        extract(epoch FROM j.finished_at)::float8 AS finished_at
   FROM jobs AS j LEFT JOIN executions AS e ON e.id = j.execution_id
@@ -121,7 +126,8 @@ SELECT j.id::text AS id, j.tenant, j.agent, j.state, j.priority, j.epoch, j.atte
 -- name: jobs_by_idempotency --
 -- The jobs made under these (tenant, idempotency digest) pairs (jobs_idem).
 SELECT j.id::text AS id, j.tenant, j.agent, j.state, j.priority, j.epoch, j.attempts, j.max_attempts, j.owner,
-       coalesce(j.owner, e.worker_id) AS worker, j.error_code, left(j.error_message, 300) AS error_message,
+       coalesce(j.owner, e.worker_id) AS worker, j.execution_id::text AS execution_id,
+       j.error_code, left(j.error_message, 300) AS error_message,
        extract(epoch FROM j.created_at)::float8 AS created_at, extract(epoch FROM j.updated_at)::float8 AS updated_at,
        extract(epoch FROM j.finished_at)::float8 AS finished_at
   FROM unnest($1::text[], $2::bytea[]) AS k(tenant, digest)
@@ -132,7 +138,8 @@ SELECT j.id::text AS id, j.tenant, j.agent, j.state, j.priority, j.epoch, j.atte
 -- name: jobs_by_execution --
 -- Owned jobs whose current execution is one of $1 (through jobs_owned: owned jobs are few).
 SELECT j.id::text AS id, j.tenant, j.agent, j.state, j.priority, j.epoch, j.attempts, j.max_attempts, j.owner,
-       coalesce(j.owner, e.worker_id) AS worker, j.error_code, left(j.error_message, 300) AS error_message,
+       coalesce(j.owner, e.worker_id) AS worker, j.execution_id::text AS execution_id,
+       j.error_code, left(j.error_message, 300) AS error_message,
        extract(epoch FROM j.created_at)::float8 AS created_at, extract(epoch FROM j.updated_at)::float8 AS updated_at,
        extract(epoch FROM j.finished_at)::float8 AS finished_at
   FROM jobs AS j LEFT JOIN executions AS e ON e.id = j.execution_id

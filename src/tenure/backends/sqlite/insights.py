@@ -47,11 +47,12 @@ def _summary(r: Sequence[Any]) -> JobSummary:
         max_attempts=r[7],
         owner=r[8],
         worker=r[9],
-        error_code=r[10],
-        error_message=r[11],
-        created_at=r[12],
-        updated_at=r[13],
-        finished_at=r[14],
+        execution_id=r[10],
+        error_code=r[11],
+        error_message=r[12],
+        created_at=r[13],
+        updated_at=r[14],
+        finished_at=r[15],
     )
 
 

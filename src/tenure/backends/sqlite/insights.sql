@@ -12,7 +12,8 @@ WITH w AS (
      ORDER BY id DESC LIMIT ?2
 )
 SELECT j.id, j.tenant, j.agent, j.state, j.priority, j.epoch, j.attempts, j.max_attempts, j.owner,
-       coalesce(j.owner, e.worker_id) AS worker, j.error_code, substr(j.error_message, 1, 300) AS error_message,
+       coalesce(j.owner, e.worker_id) AS worker, j.execution_id,
+       j.error_code, substr(j.error_message, 1, 300) AS error_message,
        j.created_at, j.updated_at, j.finished_at
   FROM w JOIN jobs AS j ON j.id = w.id LEFT JOIN executions AS e ON e.id = j.execution_id
  WHERE (?3 IS NULL OR j.agent = ?3)
@@ -37,7 +38,8 @@ WITH w AS (
      ORDER BY id DESC LIMIT ?2
 )
 SELECT j.id, j.tenant, j.agent, j.state, j.priority, j.epoch, j.attempts, j.max_attempts, j.owner,
-       coalesce(j.owner, e.worker_id) AS worker, j.error_code, substr(j.error_message, 1, 300) AS error_message,
+       coalesce(j.owner, e.worker_id) AS worker, j.execution_id,
+       j.error_code, substr(j.error_message, 1, 300) AS error_message,
        j.created_at, j.updated_at, j.finished_at
   FROM w JOIN jobs AS j ON j.id = w.id LEFT JOIN executions AS e ON e.id = j.execution_id
  WHERE (?3 IS NULL OR j.agent = ?3)
@@ -48,7 +50,7 @@ SELECT j.id, j.tenant, j.agent, j.state, j.priority, j.epoch, j.attempts, j.max_
 SELECT min(id), count(*) FROM (
     SELECT id FROM jobs
      WHERE id < ?1
-       AND tenant = ?5
+       AND tenant = ?3
      ORDER BY id DESC LIMIT ?2
 )
 
@@ -63,7 +65,8 @@ WITH w AS (
      ORDER BY id DESC LIMIT ?2
 )
 SELECT j.id, j.tenant, j.agent, j.state, j.priority, j.epoch, j.attempts, j.max_attempts, j.owner,
-       coalesce(j.owner, e.worker_id) AS worker, j.error_code, substr(j.error_message, 1, 300) AS error_message,
+       coalesce(j.owner, e.worker_id) AS worker, j.execution_id,
+       j.error_code, substr(j.error_message, 1, 300) AS error_message,
        j.created_at, j.updated_at, j.finished_at
   FROM w JOIN jobs AS j ON j.id = w.id LEFT JOIN executions AS e ON e.id = j.execution_id
  WHERE (?3 IS NULL OR j.agent = ?3)
@@ -74,7 +77,7 @@ SELECT j.id, j.tenant, j.agent, j.state, j.priority, j.epoch, j.attempts, j.max_
 SELECT min(id), count(*) FROM (
     SELECT id FROM jobs
      WHERE id < ?1
-       AND state = ?5
+       AND state = ?3
      ORDER BY id DESC LIMIT ?2
 )
 
@@ -89,7 +92,8 @@ WITH w AS (
      ORDER BY id DESC LIMIT ?2
 )
 SELECT j.id, j.tenant, j.agent, j.state, j.priority, j.epoch, j.attempts, j.max_attempts, j.owner,
-       coalesce(j.owner, e.worker_id) AS worker, j.error_code, substr(j.error_message, 1, 300) AS error_message,
+       coalesce(j.owner, e.worker_id) AS worker, j.execution_id,
+       j.error_code, substr(j.error_message, 1, 300) AS error_message,
        j.created_at, j.updated_at, j.finished_at
   FROM w JOIN jobs AS j ON j.id = w.id LEFT JOIN executions AS e ON e.id = j.execution_id
  WHERE (?3 IS NULL OR j.agent = ?3)
@@ -100,14 +104,15 @@ SELECT j.id, j.tenant, j.agent, j.state, j.priority, j.epoch, j.attempts, j.max_
 SELECT min(id), count(*) FROM (
     SELECT id FROM jobs
      WHERE id < ?1
-       AND tenant = ?5 AND state = ?6
+       AND tenant = ?3 AND state = ?4
      ORDER BY id DESC LIMIT ?2
 )
 
 -- name: job_id_range --
 -- Jobs whose id lies in [?1, ?2] (a search by id prefix), optionally of tenant ?3, newest first.
 SELECT j.id, j.tenant, j.agent, j.state, j.priority, j.epoch, j.attempts, j.max_attempts, j.owner,
-       coalesce(j.owner, e.worker_id) AS worker, j.error_code, substr(j.error_message, 1, 300) AS error_message,
+       coalesce(j.owner, e.worker_id) AS worker, j.execution_id,
+       j.error_code, substr(j.error_message, 1, 300) AS error_message,
        j.created_at, j.updated_at, j.finished_at
   FROM jobs AS j LEFT JOIN executions AS e ON e.id = j.execution_id
  WHERE j.id >= ?1 AND j.id <= ?2 AND (?3 IS NULL OR j.tenant = ?3)
@@ -116,7 +121,8 @@ SELECT j.id, j.tenant, j.agent, j.state, j.priority, j.epoch, j.attempts, j.max_
 -- name: jobs_by_idempotency --
 -- The job made under one (tenant ?1, idempotency digest ?2) pair (jobs_idem); called once per pair.
 SELECT j.id, j.tenant, j.agent, j.state, j.priority, j.epoch, j.attempts, j.max_attempts, j.owner,
-       coalesce(j.owner, e.worker_id) AS worker, j.error_code, substr(j.error_message, 1, 300) AS error_message,
+       coalesce(j.owner, e.worker_id) AS worker, j.execution_id,
+       j.error_code, substr(j.error_message, 1, 300) AS error_message,
        j.created_at, j.updated_at, j.finished_at
   FROM jobs AS j LEFT JOIN executions AS e ON e.id = j.execution_id
  WHERE j.tenant = ?1 AND j.idem_digest = ?2
@@ -124,7 +130,8 @@ SELECT j.id, j.tenant, j.agent, j.state, j.priority, j.epoch, j.attempts, j.max_
 -- name: jobs_by_execution --
 -- Owned jobs whose current execution is in the JSON array ?1 (through jobs_owned: owned jobs are few).
 SELECT j.id, j.tenant, j.agent, j.state, j.priority, j.epoch, j.attempts, j.max_attempts, j.owner,
-       coalesce(j.owner, e.worker_id) AS worker, j.error_code, substr(j.error_message, 1, 300) AS error_message,
+       coalesce(j.owner, e.worker_id) AS worker, j.execution_id,
+       j.error_code, substr(j.error_message, 1, 300) AS error_message,
        j.created_at, j.updated_at, j.finished_at
   FROM jobs AS j LEFT JOIN executions AS e ON e.id = j.execution_id
  WHERE j.owner IS NOT NULL AND j.execution_id IN (SELECT value FROM json_each(?1))
