@@ -57,12 +57,12 @@ async def run(h: Harness, params: dict[str, Any]) -> None:
             )
 
         while time.monotonic() - started < seconds:
-            # Keep the quota busy: a few more jobs waiting than there are slots.
+            # Keep the quota in use but not full (one slot short), so free capacity is what the chart shows.
             live = 0
             for j in jobs[-40:]:
                 if not (await client.job(j)).state.terminal:
                     live += 1
-            want = limit + 3 - live
+            want = max(1, limit - 1) - live
             if want > 0:
                 reqs = []
                 for _ in range(want):
@@ -75,7 +75,11 @@ async def run(h: Harness, params: dict[str, Any]) -> None:
                 if not w.alive():
                     respawned += 1
                     workers[i] = _replace(h, w, env)
-                    emit("event", t=h.t(), text=f"{w.name} died holding a slot (crash {respawned}); started again")
+                    emit(
+                        "event",
+                        t=h.t(),
+                        text=f"{w.name} was SIGKILLed by a job holding a slot (crash {respawned}); started again",
+                    )
             held = len(await leases.holders(KEY))
             naive = await counter()
             lease_free.append(limit - held)
@@ -111,9 +115,10 @@ async def run(h: Harness, params: dict[str, Any]) -> None:
         leaked = naive
         emit(
             "result",
-            text=f"After {respawned} crashes of holders, the lease-backed quota has all {limit - held} of {limit} slots "
-            f"free again (each dead holder's lease expired within one TTL, {h.claim_ttl_s:g} s); a counter would "
-            f"hold {leaked} ghost slot(s) and grant {max(0, limit - leaked)} of {limit}"
+            text=f"{respawned} worker crashes killed {leaked} holders while they held a slot. The lease-backed quota "
+            f"has {limit - held} of {limit} slots free again (each dead holder's lease expired within one TTL, "
+            f"{h.claim_ttl_s:g} s); a counter would count {leaked} ghost slot(s) and grant "
+            f"{max(0, limit - leaked)} of {limit}"
             + (" — the quota is gone, and every worker looks idle." if leaked >= limit else "."),
             crashes=respawned,
             lease_free=limit - held,

@@ -78,8 +78,8 @@ CATALOG: tuple[Lab, ...] = (
         "loop",
         "Where the work runs",
         "What does blocking work on the event loop cost a worker, and what does ctx.to_thread change?",
-        "One worker runs the same synchronous work twice: first on its event loop (time.sleep in the handler), then "
-        "through ctx.to_thread. The chart plots the worker's own measured loop lag and its late heartbeats, read "
+        "One worker runs the same synchronous work twice: first through ctx.to_thread, then on its event loop "
+        "(time.sleep in the handler). The chart plots the worker's own measured loop lag and its late heartbeats, read "
         "from its /metrics while it works.",
         (
             Param("jobs", "jobs at once", 4, 1, 8),

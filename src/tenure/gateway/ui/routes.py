@@ -28,7 +28,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlencode
+from urllib.parse import parse_qsl, urlencode
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 from starlette.requests import Request
@@ -243,9 +243,11 @@ class Dashboard:
     async def login(self, request: Request) -> Response:
         if not self.sessions.same_origin(request):
             return await self.login_page(request, "This form must be sent from the dashboard's own page.", 403)
-        form = await request.form()
-        key = str(form.get("key", ""))
-        nxt = str(form.get("next", "/ui"))
+        # application/x-www-form-urlencoded, read here: Starlette's form parser needs python-multipart.
+        body = await request.body()
+        form = dict(parse_qsl(body[:8192].decode("utf-8", "replace"), keep_blank_values=True))
+        key = form.get("key", "")
+        nxt = form.get("next", "/ui")
         if not nxt.startswith("/ui") or nxt.startswith("//"):
             nxt = "/ui"
         value = self.sessions.login(key)

@@ -74,7 +74,10 @@ const draw = {
     const lanes = ["W1", "W2", "W3"];
     const xmax = Math.max(5, s.now);
     clear(svg);
-    svg.append(el("defs", {})).append((() => { const p = el("pattern", { id: "lab-hatch", width: 6, height: 6, patternUnits: "userSpaceOnUse", patternTransform: "rotate(45)" }); p.append(el("line", { x1: 0, y1: 0, x2: 0, y2: 6, stroke: "#a40e26", "stroke-width": 2 })); return p; })());
+    const defs = el("defs"), hatch = el("pattern", { id: "lab-hatch", width: 6, height: 6, patternUnits: "userSpaceOnUse", patternTransform: "rotate(45)" });
+    hatch.append(el("line", { x1: 0, y1: 0, x2: 0, y2: 6, stroke: "#a40e26", "stroke-width": 2 }));
+    defs.append(hatch);
+    svg.append(defs);
     const lh = (H - T - B) / 3, sx = (t) => L + (W - L - R) * (Math.max(0, t) / xmax);
     lanes.forEach((w, i) => {
       svg.append(el("text", { x: 6, y: T + lh * i + lh / 2 + 4 }, w));
