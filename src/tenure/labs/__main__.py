@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import shutil
 import signal
 import sys
 from pathlib import Path
@@ -27,12 +29,25 @@ def main(argv: list[str] | None = None) -> int:
         from tenure.labs.lease import run
     h = Harness(Path(args.dir))
 
+    parent = os.getppid()
+
+    async def orphaned() -> None:
+        # The gateway that started this lab died without stopping it: stop now rather than at the lab's end.
+        while os.getppid() == parent:  # noqa: ASYNC110 (no event tells of a parent's death; a poll does)
+            await asyncio.sleep(0.5)
+        emit("error", text="the gateway that started this lab is gone")
+
     async def go() -> None:
         task = asyncio.current_task()
         loop = asyncio.get_running_loop()
         if task is not None:
             loop.add_signal_handler(signal.SIGTERM, task.cancel)
-        await run(h, params)
+        async with asyncio.TaskGroup() as tg:
+            lab = tg.create_task(run(h, params), name="lab")
+            watch = tg.create_task(orphaned(), name="lab-parent")
+            await asyncio.wait({lab, watch}, return_when=asyncio.FIRST_COMPLETED)
+            lab.cancel()
+            watch.cancel()
 
     try:
         asyncio.run(go())
@@ -40,10 +55,13 @@ def main(argv: list[str] | None = None) -> int:
         emit("error", text="stopped")
         return 143
     except Exception as exc:
+        while isinstance(exc, ExceptionGroup):  # the lab's own error, out of its task group
+            exc = exc.exceptions[0]
         emit("error", text=f"{type(exc).__name__}: {exc}")
         return 1
     finally:
         h.kill_all()
+        shutil.rmtree(h.directory, ignore_errors=True)  # the gateway removes it too; this covers a gateway that died
     return 0
 
 
