@@ -210,8 +210,12 @@ class Dashboard:
                 {"next": request.url.path + ("?" + request.url.query if request.url.query else "")}
             )
             return RedirectResponse(target, 303)
+        started = time.perf_counter()
         try:
-            return await build(who)
+            response = await build(who)
+            # The time spent answering at the server (bench/ui.py reads it; so can a browser's devtools).
+            response.headers["Server-Timing"] = f"page;dur={(time.perf_counter() - started) * 1000:.1f}"
+            return response
         except PageError as exc:
             return self._render(request, "error.html", who, exc.status, message=exc.message)
         except StoreUnavailable as exc:
