@@ -313,6 +313,7 @@ async def main() -> None:
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--rate", type=float, default=200.0)
     parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--name", help="results file: bench/results/ui-NAME.json (default: the backend)")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="tenure-bench-ui-"))
     url, schema = args.database_url, None
@@ -360,7 +361,7 @@ async def main() -> None:
             "fill_s": sample["fill_s"],
         }
         (HERE / "results").mkdir(exist_ok=True)
-        out = HERE / "results" / f"ui-{backend}.json"
+        out = HERE / "results" / f"ui-{args.name or backend}.json"
         out.write_text(json.dumps(result, indent=2) + "\n")
         print(f"wrote {out} (1-min load {load:.2f})")
     finally:
