@@ -334,6 +334,7 @@ async def mount_dashboard(gateway: Any, settings: Settings, store: Store) -> Cal
         quotas=quotas, leases=leases, loop_lags=loop_lags if os.environ.get("PROMETHEUS_MULTIPROC_DIR") else None, labs=labs
     )
     dashboard = Dashboard(gateway, insights, sessions, config)
+    await asyncio.to_thread(dashboard.preload)
     gateway.mount_ui(dashboard.routes(), sessions)
 
     async def close() -> None:

@@ -152,9 +152,15 @@ class Dashboard:
             autoescape=select_autoescape(["html"]),
             trim_blocks=True,
             lstrip_blocks=True,
+            auto_reload=False,  # no stat() of a template file on the event loop per render
         )
         self.env.filters.update(age=_fmt_age, count=_fmt_count, ts=_ts, pretty=_pretty)
         self.env.globals.update(terminal=TERMINAL, requeueable=REQUEUEABLE, states=[s.value for s in JobState])
+
+    def preload(self) -> None:
+        """Compile every template (file reads: call it off the event loop, before serving)."""
+        for name in self.env.list_templates(extensions=["html"]):
+            self.env.get_template(name)
 
     def routes(self) -> list[BaseRoute]:
         return [

@@ -168,7 +168,7 @@ function jobPage() {
 
   if (section.dataset.terminal !== "yes") stream();
   else fetch(`/v1/jobs/${id}/events` + (cursor ? `?after=${cursor}` : ""), { credentials: "same-origin" })
-    .then((r) => { if (r.status !== 204) stream(); });  // a requeue since the page was rendered
+    .then((r) => { if (r.status !== 204) { r.body?.cancel(); stream(); } });  // requeued since the page was rendered
 }
 
 // -- dead letters: requeue one or many --
