@@ -64,9 +64,9 @@ class Session:
     async def goto(self, path: str) -> None:
         await self.page.goto(self.base + path)
 
-    async def shot(self, name: str) -> None:
+    async def shot(self, name: str, full_page: bool = False) -> None:
         IMAGES.mkdir(parents=True, exist_ok=True)
-        await self.page.screenshot(path=str(IMAGES / f"{name}.png"), full_page=False)
+        await self.page.screenshot(path=str(IMAGES / f"{name}.png"), full_page=full_page)
 
 
 async def sign_in(browser: Browser, up: Up, key: str, viewport: dict[str, int] = DESKTOP) -> Session:
@@ -126,6 +126,8 @@ async def test_a_job_page_streams_the_jobs_events_live(up: Up, browser: Browser)
     for said in ("hello", "again"):
         await api(up, "POST", f"/v1/jobs/{job['id']}/input", json={"input": said})
         await expect(events).to_contain_text(said)  # streamed in, no reload
+    await expect(s.page.get_by_role("button", name="Approve")).to_be_visible()  # it waits: its buttons show
+    await s.shot("job", full_page=True)
     # Sent from the page itself: its button posts to the API's own route with the session.
     await s.page.get_by_label("Input (JSON)").fill('"bye"')
     await s.page.get_by_role("button", name="Send input").click()
@@ -136,7 +138,6 @@ async def test_a_job_page_streams_the_jobs_events_live(up: Up, browser: Browser)
     shown = await s.page.locator("#events li").evaluate_all("els => els.map(e => e.dataset.id)")
     assert shown == [e["id"] for e in history]  # the stream resumed by cursor: no gap, no duplicate
     await expect(s.page.get_by_test_id("cursor")).to_have_text(history[-1]["id"])
-    await s.shot("job")
     assert not s.failures, s.failures
 
 
