@@ -24,8 +24,9 @@ install: $(VENV)/.installed
 
 dev: $(VENV)/.installed-dev
 
+# `make demo UI=1` ends by leaving a `tenure up` running and printing its dashboard URL.
 demo: install
-	$(PY) -m tenure.demo
+	$(PY) -m tenure.demo $(if $(UI),--ui,)
 
 services:
 	scripts/ensure-services.sh

@@ -15,17 +15,20 @@ import importlib
 import os
 import socket
 import sys
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 from tenure.backends.after_commit import AfterCommit
 from tenure.backends.postgres import PostgresChannel, PostgresLeases, PostgresSignals, PostgresStore
+from tenure.backends.postgres.insights import PostgresInsights
 from tenure.backends.redis import RedisChannel, RedisLeases, RedisReadyIndex
 from tenure.backends.signals import ChannelSignals
 from tenure.backends.sqlite import SqliteLeases, SqliteSignals, SqliteStore
+from tenure.backends.sqlite.insights import SqliteInsights
 from tenure.contracts.channel import Channel
 from tenure.contracts.errors import ConfigError, NotFound
+from tenure.contracts.insights import Insights
 from tenure.contracts.states import JobState
 from tenure.contracts.store import Backends, JobStore, Leases, Signals
 from tenure.contracts.types import DEFAULT_TENANT, ControlOutcome, Event, Job, JobFilter, WorkerInfo, parse_cursor
@@ -94,6 +97,14 @@ async def open_backends(settings: Settings, *, migrate: bool = True) -> Backends
             await backends.close()
             raise
     return backends
+
+
+async def open_insights(settings: Settings) -> Insights:
+    """The dashboard's read side (contracts/insights.py) on the store named by `settings.database_url`, on
+    connections of its own. The schema must be migrated."""
+    if settings.database_url.startswith("sqlite:"):
+        return await SqliteInsights.connect(settings.database_url)
+    return await PostgresInsights.connect(settings.database_url)
 
 
 class LocalClient:
@@ -239,8 +250,13 @@ _LOOPBACK = ("127.", "::1", "localhost")
 def gateway_config(settings: Settings) -> Any:
     """The gateway's settings, from the process settings."""
     from tenure.gateway.app import GatewayConfig
+    from tenure.gateway.cors import parse_origins
 
-    return GatewayConfig(limits=admission_limits(settings), gate=gate_config(settings))
+    return GatewayConfig(
+        cors_origins=parse_origins(settings.extra.get("cors_origins")),
+        limits=admission_limits(settings),
+        gate=gate_config(settings),
+    )
 
 
 async def serve_gateway(settings: Settings, host: str, port: int, *, inline: bool = False) -> None:
@@ -296,6 +312,9 @@ async def serve_gateway(settings: Settings, host: str, port: int, *, inline: boo
     gateway = Gateway(
         backends, app.specs(), auth, gateway_config(settings), on_start=on_start, on_stop=on_stop, ready_index=ready_hints
     )
+    if _switch(settings, "ui"):
+        inline_resources.push_async_callback(await mount_dashboard(gateway, settings, backends))
+        log.info("dashboard on http://%s:%d/ui", host, port)
     config = uvicorn.Config(
         gateway.asgi,
         host=host,
@@ -325,6 +344,59 @@ async def serve_gateway(settings: Settings, host: str, port: int, *, inline: boo
             await server.serve()
     finally:
         await backends.close()
+
+
+def _switch(settings: Settings, name: str, default: bool = True) -> bool:
+    """An on/off setting of the gateway layer (`TENURE_UI`, `TENURE_UI_LABS`)."""
+    text = settings.extra.get(name, "").strip().lower()
+    if not text:
+        return default
+    if text in ("on", "1", "true", "yes"):
+        return True
+    if text in ("off", "0", "false", "no"):
+        return False
+    raise ConfigError(f"TENURE_{name.upper()} must be on or off, not {text!r}")
+
+
+async def mount_dashboard(gateway: Any, settings: Settings, backends: Backends) -> Callable[[], Awaitable[None]]:
+    """Serve the dashboard (gateway/ui) from `gateway`: its read side on connections of its own, the quotas and
+    their lease backend, the loop lag of `tenure up`'s workers, the labs. Returns what closes it all."""
+    from tenure.gateway.ui.labs import LabRunner
+    from tenure.gateway.ui.routes import Dashboard, DashboardConfig
+    from tenure.gateway.ui.sessions import Sessions, parse_secret, parse_session_s
+    from tenure.observability.multiprocess import loop_lag_by_worker
+
+    sessions = Sessions(
+        gateway.auth, parse_secret(settings.extra.get("ui_secret")), parse_session_s(settings.extra.get("ui_session_s"))
+    )
+    labs = LabRunner() if _switch(settings, "ui_labs") else None
+    quotas = dict(await asyncio.to_thread(load_quota_file, "tenure.toml"))
+    quotas.update(settings.quotas)
+    leases: Leases = backends.leases
+    redis_leases: RedisLeases | None = None
+    if settings.redis_url:
+        redis_leases = RedisLeases(settings.redis_url, prefix=settings.redis_prefix + "lease:")
+        leases = redis_leases
+    insights = await open_insights(settings)
+
+    async def loop_lags() -> dict[str, float]:
+        return await asyncio.to_thread(loop_lag_by_worker)
+
+    config = DashboardConfig(
+        quotas=quotas, leases=leases, loop_lags=loop_lags if os.environ.get("PROMETHEUS_MULTIPROC_DIR") else None, labs=labs
+    )
+    dashboard = Dashboard(gateway, insights, sessions, config)
+    await asyncio.to_thread(dashboard.preload)
+    gateway.mount_ui(dashboard.routes(), sessions)
+
+    async def close() -> None:
+        if labs is not None:
+            await labs.close()
+        await insights.close()
+        if redis_leases is not None:
+            await redis_leases.close()
+
+    return close
 
 
 def worker_config(settings: Settings) -> Any:

@@ -606,6 +606,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("demo", help="run the demo on a temporary SQLite file (what `make demo` runs)")
     sp.add_argument("--keep", action="store_true", help="keep the temporary directory afterwards")
+    sp.add_argument("--ui", action="store_true", help="end by leaving `tenure up` running and printing its dashboard URL")
     sp.set_defaults(fn=None, sync=lambda a: _demo(a))
 
     sp = sub.add_parser("mock-model", help="serve the bundled OpenAI-compatible mock model (for tests and demos)")
@@ -631,7 +632,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _demo(args: argparse.Namespace) -> int:
     from tenure.demo import main as demo_main
 
-    return demo_main(["--keep"] if args.keep else [])
+    return demo_main([*(["--keep"] if args.keep else []), *(["--ui"] if args.ui else [])])
 
 
 def _mock_model(args: argparse.Namespace) -> int:

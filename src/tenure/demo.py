@@ -114,6 +114,7 @@ class Demo:
     services: list[subprocess.Popen[bytes]] = field(default_factory=list)  # `tenure up`, the mock model
     jobs: list[Tracked] = field(default_factory=list)
     client: LocalClient | None = None
+    ui: bool = False  # `make demo UI=1`: leave a `tenure up` running at the end and print its dashboard URL
 
     # -- output ------------------------------------------------------------------------------------------
     @property
@@ -328,6 +329,9 @@ class Demo:
                 await self.shutdown()
                 self.section("6. the gateway: HTTP + SSE, a global quota, the mock model")
                 await self.step_gateway()
+                if self.ui:
+                    self.section("7. the dashboard")
+                    await self.step_dashboard()
             except DemoFailure as exc:
                 print(f"\nUNEXPECTED: {exc}", flush=True)
                 with contextlib.suppress(Exception):
@@ -650,6 +654,45 @@ class Demo:
                 raise DemoFailure(f"pid {proc.pid} did not stop on SIGTERM") from None
         self.log("`tenure up` and the mock model stopped cleanly")
 
+    async def step_dashboard(self) -> None:
+        """Start `tenure up` again on step 6's store and leave it running (its own session, not killed with the
+        demo's processes), so the jobs of the demo can be looked at in the dashboard."""
+        import httpx
+
+        port = _free_port()
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TENURE_")}
+        src = os.path.dirname(os.path.dirname(tenure.__file__))
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
+        env.update(TENURE_DATABASE_URL=f"sqlite:///{self.workdir}/gateway.db", TENURE_APP=APP, TENURE_LOG_LEVEL="warning")
+        proc = self._detached([sys.executable, "-m", "tenure.cli", "up", "--port", str(port), "--workers", "2"], env)
+        url = f"http://127.0.0.1:{port}/ui"
+        async with httpx.AsyncClient(timeout=2) as http:
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    if (await http.get(url)).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise DemoFailure(f"the dashboard's `tenure up` did not start (see {self.workdir / 'up-dashboard.log'})")
+                await asyncio.sleep(0.2)
+        self.log(f"`tenure up` (pid {proc.pid}) keeps running on step 6's store; stop it with: kill {proc.pid}")
+        print(f"\ndashboard: {url}", flush=True)
+
+    def _detached(self, argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+        """A process of its own session that outlives the demo (not in `services`, so `kill_all` spares it)."""
+        with open(self.workdir / "up-dashboard.log", "wb") as log_file:
+            return subprocess.Popen(
+                argv,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                cwd=self.workdir,
+            )
+
     def _service(self, argv: list[str], env: dict[str, str], log_name: str) -> subprocess.Popen[bytes]:
         with open(self.workdir / log_name, "wb") as log_file:
             proc = subprocess.Popen(
@@ -763,10 +806,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         "becomes lost and is not run twice.",
     )
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory (database, logs)")
+    parser.add_argument(
+        "--ui",
+        action="store_true",
+        help="at the end, leave `tenure up` running on the demo's store and print its dashboard URL",
+    )
     args = parser.parse_args(argv)
 
     workdir = Path(tempfile.mkdtemp(prefix="tenure-demo-"))
-    demo = Demo(workdir)
+    demo = Demo(workdir, ui=args.ui)
     code, failed, terminated = 1, True, False
 
     async def run() -> None:
@@ -803,7 +851,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"--- last lines of {w.label}'s log ({w.log_path}):")
                 for line in _tail(w.log_path):
                     print(f"    {line}")
-        if args.keep or failed:
+        if args.keep or failed or (args.ui and not failed):
             print(f"kept {workdir} (database and worker logs)")
         else:
             shutil.rmtree(workdir, ignore_errors=True)

@@ -171,7 +171,21 @@ _PARSERS: dict[str, Any] = {
     "redis_prefix": _text,
 }
 # Variables owned by layers that parse them themselves (gateway keys); known, so not an error.
-_OTHER_LAYERS = frozenset({"api_keys", "api_keys_file", "admin_key", "api_key", "metrics_port"})
+_OTHER_LAYERS = frozenset(
+    {
+        "api_keys",
+        "api_keys_file",
+        "admin_key",
+        "api_key",
+        "metrics_port",
+        # The dashboard and browsers as clients (gateway/ui, gateway/cors.py).
+        "ui",
+        "ui_secret",
+        "ui_session_s",
+        "ui_labs",
+        "cors_origins",
+    }
+)
 
 
 def load_quota_file(path: str = "tenure.toml") -> dict[str, QuotaSpec]:

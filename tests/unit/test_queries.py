@@ -18,20 +18,24 @@ from tenure.contracts.types import Fence, Finish
 _USE = re.compile(r"""\bQ\[["']([a-z_][a-z0-9_]*)["']\]""")
 
 
-def _used(dialect: str) -> set[str]:
+def _used(dialect: str, sql_file: str) -> set[str]:
+    """The queries the modules of `dialect` that load `sql_file` run (the dashboard's read side has a file of
+    its own, insights.sql, loaded by insights.py; every other module runs queries.sql)."""
     used: set[str] = set()
     for entry in resources.files(f"tenure.backends.{dialect}").iterdir():
-        if entry.name.endswith(".py"):
+        if entry.name.endswith(".py") and (entry.name == "insights.py") == (sql_file == "insights.sql"):
             used |= set(_USE.findall(entry.read_text(encoding="utf-8")))
     return used
 
 
+@pytest.mark.parametrize("sql_file", ["queries.sql", "insights.sql"])
 @pytest.mark.parametrize("dialect", ["postgres", "sqlite"])
-def test_every_query_a_backend_runs_is_defined_and_every_defined_query_is_run(dialect: str) -> None:
-    defined = set(load_queries(f"tenure.backends.{dialect}"))
-    used = _used(dialect)
+def test_every_query_a_backend_runs_is_defined_and_every_defined_query_is_run(dialect: str, sql_file: str) -> None:
+    defined = set(load_queries(f"tenure.backends.{dialect}", sql_file))
+    used = _used(dialect, sql_file)
     assert used - defined == set(), "run but not defined"
-    assert defined - used == set(), "defined but never run"
+    if sql_file == "queries.sql":  # insights.py picks its keyset-page queries by name at run time (job_page_*)
+        assert defined - used == set(), "defined but never run"
 
 
 def test_the_finish_payload_has_the_same_keys_in_both_dialects() -> None:

@@ -24,9 +24,10 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route, WebSocketRoute
+from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
 from tenure.contracts.errors import TenureError
@@ -39,10 +40,12 @@ from tenure.control.gate import GateConfig
 from tenure.control.jobs import MAX_WAIT_S, JobsService
 from tenure.control.models import JobSpec, shown, validated
 from tenure.gateway.auth import Auth, Principal
+from tenure.gateway.cors import AccessToken, access_token, cors_middleware
 from tenure.gateway.openapi import MAX_EVENTS_PAGE, MAX_LIST, openapi_document
 from tenure.gateway.problems import Problem, from_error
 from tenure.gateway.requests import int_param, parse_cursor_param, parse_job_id, submit_request
 from tenure.gateway.streams import EventHub
+from tenure.gateway.ui.sessions import Sessions
 from tenure.gateway.ws import WsSession
 from tenure.observability import metrics
 from tenure.observability.exposition import metrics_asgi_app
@@ -59,6 +62,7 @@ class GatewayConfig:
     sse_idle_s: float = 5.0  # keep-alive comment, and the floor for a lost live notice
     ws_queue: int = 1000  # frames queued for one socket before it is closed as a slow consumer
     ws_max_subscriptions: int = 100
+    cors_origins: tuple[str, ...] = ()  # TENURE_CORS_ORIGINS: exact origins allowed to call from a browser
 
     @property
     def max_body_bytes(self) -> int:
@@ -107,6 +111,7 @@ class Gateway:
         self.hub = EventHub(store, backends.signals, self.config.sse_idle_s)
         self._on_start = on_start
         self._on_stop = on_stop
+        self.sessions: Sessions | None = None  # the dashboard's cookie sessions, once mounted (mount_ui)
         metrics.QUEUE_CAPACITY.labels("global").set(self.config.gate.max_queued)
         routes = [
             Route("/v1/jobs", self.submit, methods=["POST"]),
@@ -134,7 +139,15 @@ class Gateway:
                 Exception: self._crash,
             },
             lifespan=self._lifespan,
+            # `?access_token=` leaves the URL before anything sees it; CORS only for TENURE_CORS_ORIGINS (cors.py).
+            middleware=[*cors_middleware(self.config.cors_origins), Middleware(AccessToken)],
         )
+
+    def mount_ui(self, routes: list[BaseRoute], sessions: Sessions) -> None:
+        """Serve the dashboard's routes (gateway/ui) beside the API; its session cookie then also authenticates
+        the API requests its own pages make (same origin, with the CSRF token for changes)."""
+        self.sessions = sessions
+        self.asgi.router.routes.extend(routes)
 
     # -- lifecycle ---------------------------------------------------------------------------------------------------
     @contextlib.asynccontextmanager
@@ -169,8 +182,13 @@ class Gateway:
         return Problem(500, "Internal error", "the gateway failed on this request; it is logged", "internal").response()
 
     # -- helpers -----------------------------------------------------------------------------------------------------
-    def _principal(self, request: Request) -> Principal:
-        p = self.auth.authenticate(request.headers.get("authorization"))
+    def _principal(self, request: Request, *, token: bool = False) -> Principal:
+        header = request.headers.get("authorization")
+        if header is None and token and (key := access_token(request.scope)) is not None:
+            header = f"Bearer {key}"  # a stream a browser opened (EventSource cannot send headers)
+        p = self.auth.authenticate(header)
+        if p is None and header is None and self.sessions is not None:
+            p = self.sessions.principal(request, request.method)
         if p is None:
             prob = Problem(401, "Unauthorized", "send Authorization: Bearer <API key>", "unauthorized")
             prob.headers["WWW-Authenticate"] = 'Bearer realm="tenure"'
@@ -276,7 +294,7 @@ class Gateway:
 
     async def events(self, request: Request) -> Response:
         """GET /v1/jobs/{id}/events: SSE (history, then the live tail) or, with format=json, one page."""
-        who = self._principal(request)
+        who = self._principal(request, token=True)
         job = await self.load_job(request.path_params["job_id"], who)
         q = request.query_params
         after_text = q.get("after")
@@ -352,7 +370,7 @@ class Gateway:
     # -- WebSocket ---------------------------------------------------------------------------------------------------
     async def websocket(self, ws: WebSocket) -> None:
         """WS /v1/ws: authenticate, then hand the socket to a `WsSession`."""
-        token = ws.query_params.get("access_token")
+        token = access_token(ws.scope)
         header = ws.headers.get("authorization") or (f"Bearer {token}" if token else None)
         who = self.auth.authenticate(header)
         if who is None:

@@ -82,6 +82,22 @@ class Auth:
             raise ConfigError("TENURE_ADMIN_KEY is also a tenant's key")
         return cls(tenants, admin)
 
+    def principals(self) -> list[tuple[bytes, Principal]]:
+        """Every configured key, as (SHA-256 digest, who it is): what a session cookie is bound to."""
+        out = [(d, Principal(t)) for d, t in self._tenants.items()]
+        if self._admin is not None:
+            out.append((self._admin, Principal(None)))
+        return out
+
+    def tenant_names(self) -> list[str]:
+        """The tenants that have a key (for the admin's searches by idempotency key)."""
+        return sorted(set(self._tenants.values()))
+
+    def authenticate_key(self, key: str) -> tuple[Principal, bytes] | None:
+        """The caller holding `key` and the key's digest, or None when it is not accepted (a login form's key)."""
+        p = self.authenticate(f"Bearer {key}")
+        return None if p is None or not self.enabled else (p, _digest(key.strip()))
+
     def authenticate(self, authorization: str | None) -> Principal | None:
         """The caller of a request with this `Authorization` header, or None when it is not accepted."""
         if not self.enabled:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, multiprocess
 
-__all__ = ["ENV", "aggregate_registry", "prepare_multiprocess_dir", "process_exited"]
+__all__ = ["ENV", "aggregate_registry", "loop_lag_by_worker", "prepare_multiprocess_dir", "process_exited"]
 
 ENV = "PROMETHEUS_MULTIPROC_DIR"
 
@@ -51,3 +51,19 @@ def aggregate_registry() -> CollectorRegistry:
     registry = CollectorRegistry()
     multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
     return registry
+
+
+def loop_lag_by_worker() -> dict[str, float]:
+    """The current `event_loop_lag_max_seconds` of each live worker process of this `tenure up`, by worker id,
+    read from the metrics files (blocking: one file per process; call it off the loop). Empty outside it."""
+    if not os.environ.get(ENV):
+        return {}
+    out: dict[str, float] = {}
+    for family in aggregate_registry().collect():
+        if family.name != "event_loop_lag_max_seconds":
+            continue
+        for sample in family.samples:
+            if sample.labels.get("role") == "worker" and sample.labels.get("worker"):
+                worker = sample.labels["worker"]
+                out[worker] = max(out.get(worker, 0.0), float(sample.value))
+    return out

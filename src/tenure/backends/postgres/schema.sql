@@ -246,3 +246,10 @@ BEGIN
         (SELECT array_agg(DISTINCT r->>'job_id') FROM json_array_elements(p_rows) AS r));
 END
 $$;
+
+-- The dashboard's read side (contracts/insights.py, insights.sql): keyset pages of the jobs list per filter
+-- (the primary key serves the unfiltered list), and what finished in the last hour as an index-only scan.
+CREATE INDEX jobs_tenant_id ON jobs (tenant, id);
+CREATE INDEX jobs_state_id ON jobs (state, id);
+CREATE INDEX jobs_tenant_state_id ON jobs (tenant, state, id);
+CREATE INDEX jobs_finished ON jobs (finished_at) INCLUDE (state, tenant) WHERE finished_at IS NOT NULL;

@@ -101,3 +101,10 @@ CREATE INDEX circuit_failures_key_ts ON circuit_failures (key, ts);
 
 -- Admission caps count queued and scheduled jobs per tenant.
 CREATE INDEX jobs_waiting_tenant ON jobs (tenant) WHERE state IN ('queued', 'scheduled');
+
+-- The dashboard's read side (contracts/insights.py, insights.sql): keyset pages of the jobs list per filter
+-- (the primary key serves the unfiltered list), and what finished in the last hour from the index alone.
+CREATE INDEX jobs_tenant_id ON jobs (tenant, id);
+CREATE INDEX jobs_state_id ON jobs (state, id);
+CREATE INDEX jobs_tenant_state_id ON jobs (tenant, state, id);
+CREATE INDEX jobs_finished ON jobs (finished_at, state, tenant) WHERE finished_at IS NOT NULL;
