@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import tenure
-from tenure.app import LocalClient, connect
+from tenure.app import LocalClient, connect, open_backends
+from tenure.contracts.store import Leases
 from tenure.settings import Settings
 
 APP = "tenure.labs.agents:app"
@@ -142,6 +143,16 @@ def _tail(path: Path, lines: int = 3) -> str:
         return " | ".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return ""
+
+
+@asynccontextmanager
+async def lab_leases(h: Harness) -> AsyncIterator[Leases]:
+    """The lease backend of the lab's throw-away store (the quota the workers share)."""
+    backends = await open_backends(h.settings(), migrate=False)
+    try:
+        yield backends.leases
+    finally:
+        await backends.close()
 
 
 @asynccontextmanager

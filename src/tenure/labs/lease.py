@@ -14,9 +14,8 @@ import random
 import time
 from typing import Any
 
-from tenure.contracts.store import Leases
 from tenure.control.admission import JobRequest
-from tenure.labs._harness import Harness, LabWorker, emit, lab_store
+from tenure.labs._harness import Harness, LabWorker, emit, lab_leases, lab_store
 
 KEY = "lab:pool"
 HOLD_S = 1.0
@@ -39,9 +38,7 @@ async def run(h: Harness, params: dict[str, Any]) -> None:
         limit=limit,
         ttl_s=h.claim_ttl_s,
     )
-    async with lab_store(h) as client:
-        leases = client.store
-        assert isinstance(leases, Leases)
+    async with lab_store(h) as client, lab_leases(h) as leases:
         workers = [h.spawn(f"W{i + 1}", concurrency=SLOTS, env=env) for i in range(WORKERS)]
         await h.registered(client, workers)
         jobs: list[str] = []
