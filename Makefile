@@ -26,7 +26,7 @@ dev: $(VENV)/.installed-dev
 
 # `make demo UI=1` ends by leaving a `tenure up` running and printing its dashboard URL.
 demo: install
-	$(PY) -m tenure.demo $(if $(UI),--ui,)
+	$(PY) -m tenure.demos.demo $(if $(UI),--ui,)
 
 services:
 	scripts/ensure-services.sh

@@ -4,7 +4,7 @@
             is a pure function of its input
     effect  NOT retry-safe: appends one line to its own counter file (the external side effect, fsynced),
             half-way through; a run lost mid-way ends `lost`, and a second line is the failure to catch
-    chat    the bundled `tenure.examples:chat` (a streamed call to the mock model under the quota `llm:mock`,
+    chat    the bundled `tenure.demos.examples:chat` (a streamed call to the mock model under the quota `llm:mock`,
             retry-safe), registered here with more attempts: Redis outages fail attempts that need a lease
     stream  retry-safe: `count` numbered `tick` events, paced, that SSE clients follow, drop and resume
 
@@ -22,7 +22,7 @@ from typing import Any
 
 from tenure import Context, Tenure
 from tenure.contracts.errors import RetryableError
-from tenure.examples import chat as bundled_chat
+from tenure.demos.examples import chat as bundled_chat
 
 app = Tenure("chaos")
 

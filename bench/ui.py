@@ -42,7 +42,7 @@ import httpx
 
 from tenure.app import open_store
 from tenure.control.admission import Admission, JobRequest
-from tenure.examples import app as examples
+from tenure.demos.examples import app as examples
 from tenure.settings import Settings
 
 HERE = Path(__file__).resolve().parent

@@ -1,6 +1,6 @@
 """Drive a running gateway with the Python client: submit, follow, resume, cancel, input, approve.
 
-tenure up &                                    # gateway on 127.0.0.1:8000, workers, tenure.examples:app
+tenure up &                                    # gateway on 127.0.0.1:8000, workers, tenure.demos.examples:app
 python examples/gateway_client.py [URL]
 """
 

@@ -35,7 +35,7 @@ def main() -> int:
         [
             sys.executable,
             "-m",
-            "tenure.mock_model",
+            "tenure.demos.mock_model",
             "--port",
             "0",
             "--max-concurrency",
@@ -77,7 +77,7 @@ def main() -> int:
 
 async def submit_and_wait(db: str) -> None:
     settings = tenure.settings.Settings(database_url=db)
-    async with tenure.connect("tenure.examples:app", settings=settings) as client:
+    async with tenure.connect("tenure.demos.examples:app", settings=settings) as client:
         ids = await client.submit_many(
             [tenure.JobRequest("chat", {"prompt": f"question {i}", "max_tokens": 8}) for i in range(JOBS)]
         )

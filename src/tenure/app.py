@@ -44,7 +44,7 @@ def load_app(spec: str) -> Tenure:
     """Import `module:attribute` and check that it is a Tenure app."""
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
-        raise ConfigError(f"--app {spec!r}: expected module:attribute, e.g. tenure.examples:app")
+        raise ConfigError(f"--app {spec!r}: expected module:attribute, e.g. tenure.demos.examples:app")
     if "" not in sys.path and "." not in sys.path:
         sys.path.insert(0, "")  # like `python -m`: apps in the working directory are importable
     try:

@@ -504,7 +504,7 @@ def build_parser() -> argparse.ArgumentParser:
     def common(sp: argparse.ArgumentParser, *, app: bool = True, json_flag: bool = True) -> None:
         sp.add_argument("--database-url", help="store URL (TENURE_DATABASE_URL; default sqlite:///./tenure.db)")
         if app:
-            sp.add_argument("--app", help="the app as module:attribute (TENURE_APP; default tenure.examples:app)")
+            sp.add_argument("--app", help="the app as module:attribute (TENURE_APP; default tenure.demos.examples:app)")
         if json_flag:
             sp.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
@@ -630,13 +630,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from tenure.demo import main as demo_main
+    from tenure.demos.demo import main as demo_main
 
     return demo_main([*(["--keep"] if args.keep else []), *(["--ui"] if args.ui else [])])
 
 
 def _mock_model(args: argparse.Namespace) -> int:
-    from tenure.mock_model import serve
+    from tenure.demos.mock_model import serve
 
     serve(args.host, args.port, args.max_concurrency, args.latency_ms, args.tokens)
     return 0

@@ -65,7 +65,7 @@ class Settings:
     """Every setting of a Tenure process. Field `x` is read from `TENURE_X`."""
 
     database_url: str = "sqlite:///./tenure.db"
-    app: str = "tenure.examples:app"
+    app: str = "tenure.demos.examples:app"
     heartbeat_s: float = 5.0
     claim_ttl_s: float = 15.0
     sweep_interval_s: float = 1.0

@@ -1,4 +1,4 @@
-"""Acceptance: `python -m tenure.demo` (the program behind `make demo`) tells its whole story, exits 0, and
+"""Acceptance: `python -m tenure.demos.demo` (the program behind `make demo`) tells its whole story, exits 0, and
 leaves no `tenure worker` process behind.
 
 The demo is run exactly as a user runs it: a separate process, real worker subprocesses, one SQLite file.
@@ -56,7 +56,7 @@ def _kill(pids: list[int]) -> None:
 def test_demo_tells_the_story_and_leaves_no_worker_behind() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TENURE_")}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tenure.demo"],
+        [sys.executable, "-m", "tenure.demos.demo"],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         env=env,

@@ -36,7 +36,7 @@ def checks(report: dict) -> dict[str, dict]:  # type: ignore[type-arg]
 
 
 async def test_doctor_reports_a_healthy_store_and_redis_and_exits_zero(database_url: str) -> None:
-    async with connect("tenure.examples:app", database_url):
+    async with connect("tenure.demos.examples:app", database_url):
         pass  # migrated
     code, report = await doctor(database_url, TENURE_REDIS_URL=REDIS_URL)
     c = checks(report)
@@ -50,7 +50,7 @@ async def test_doctor_reports_a_healthy_store_and_redis_and_exits_zero(database_
 async def test_doctor_fails_on_a_job_stuck_past_its_claim_ttl_and_on_an_unreachable_redis(
     database_url: str,
 ) -> None:
-    async with connect("tenure.examples:app", database_url) as client:
+    async with connect("tenure.demos.examples:app", database_url) as client:
         job_id = (await client.submit("echo", {})).job.id
         claims = await client.store.claim("ghost-worker", ["echo"], [], 1, 0.1)  # claimed, never swept
         assert [c.fence.job_id for c in claims] == [job_id]

@@ -71,7 +71,7 @@ class Up:
         workers: int = 2,
         inline: bool = False,
         env: dict[str, str] | None = None,
-        app: str = "tenure.examples:app",
+        app: str = "tenure.demos.examples:app",
         keys: bool = True,
         name: str = "up",
     ) -> None:

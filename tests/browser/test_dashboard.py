@@ -270,7 +270,7 @@ def _lab_processes(up: Up) -> list[int]:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             continue
-        if b"tenure-lab-" in cmd or b"tenure.labs" in cmd:
+        if b"tenure-lab-" in cmd or b"tenure.demos.labs" in cmd:
             out.append(pid)
     return out
 

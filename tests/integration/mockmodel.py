@@ -11,19 +11,19 @@ from pathlib import Path
 
 import pytest
 
-import tenure.mock_model
+import tenure.demos.mock_model
 
 
 def start_mock_model(max_concurrency: int, latency_ms: float, tokens: int = 8) -> tuple[subprocess.Popen[str], str]:
-    """`python -m tenure.mock_model` on a free port: the process and its base URL (`.../v1`)."""
-    src = Path(tenure.mock_model.__file__).resolve().parents[1]
+    """`python -m tenure.demos.mock_model` on a free port: the process and its base URL (`.../v1`)."""
+    src = Path(tenure.demos.mock_model.__file__).resolve().parents[1]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(src), env.get("PYTHONPATH")) if p)
     process = subprocess.Popen(
         [
             sys.executable,
             "-m",
-            "tenure.mock_model",
+            "tenure.demos.mock_model",
             "--port",
             "0",
             "--max-concurrency",

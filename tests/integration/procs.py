@@ -96,7 +96,7 @@ class WorkerProc(TenureProc):
         *,
         concurrency: int = 1,
         env: dict[str, str] | None = None,
-        app: str = "tenure.examples:app",
+        app: str = "tenure.demos.examples:app",
         args: tuple[str, ...] = (),
         wrap: Sequence[str] = (),
     ) -> None:

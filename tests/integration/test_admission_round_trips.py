@@ -38,7 +38,7 @@ async def test_a_gateway_submit_costs_three_round_trips(pg_database_url: str, mo
     settings = Settings(database_url=pg_database_url)
     backends = await open_backends(settings)
     try:
-        gateway = Gateway(backends, load_app("tenure.examples:app").specs(), Auth.open(), gateway_config(settings))
+        gateway = Gateway(backends, load_app("tenure.demos.examples:app").specs(), Auth.open(), gateway_config(settings))
         async with httpx.AsyncClient(transport=httpx.ASGITransport(gateway.asgi), base_url="http://gateway") as http:
             warm = await http.post("/v1/jobs", json={"agent": "echo", "input": 0})  # statements prepared once
             assert warm.status_code == 201, warm.text

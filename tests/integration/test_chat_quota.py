@@ -53,7 +53,7 @@ async def test_two_hundred_chat_jobs_never_exceed_the_models_limit_while_workers
         workers.append(w)
         return w
 
-    async with connect("tenure.examples:app", pg_database_url) as client, httpx.AsyncClient() as http:
+    async with connect("tenure.demos.examples:app", pg_database_url) as client, httpx.AsyncClient() as http:
         stats_url = mock_model.removesuffix("/v1") + "/stats"
         live = [spawn() for _ in range(3)]
         try:

@@ -27,7 +27,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture
 async def client(database_url: str) -> AsyncIterator[LocalClient]:
-    async with connect("tenure.examples:app", database_url) as c:
+    async with connect("tenure.demos.examples:app", database_url) as c:
         yield c
 
 

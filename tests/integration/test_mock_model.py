@@ -20,7 +20,7 @@ TOKENS = 16  # the server's default reply length
 
 @pytest.fixture(scope="module")
 def mock_url() -> Iterator[str]:
-    """`python -m tenure.mock_model` on a free port (tests/integration/mockmodel.py); yield its base URL."""
+    """`python -m tenure.demos.mock_model` on a free port (tests/integration/mockmodel.py); yield its base URL."""
     process, url = start_mock_model(MAX_CONCURRENCY, LATENCY_S * 1000, TOKENS)
     try:
         yield url.removesuffix("/v1")

@@ -88,7 +88,7 @@ async def test_a_worker_claims_again_after_its_claim_connection_was_terminated(
     worker = WorkerProc(url, tmp_path, "w1", concurrency=2)
     try:
         from tenure.control.admission import Admission, JobRequest
-        from tenure.examples import app
+        from tenure.demos.examples import app
 
         admission = Admission(store, app.specs())
 

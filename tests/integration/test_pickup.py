@@ -77,7 +77,7 @@ async def running_worker(database_url: str) -> AsyncIterator[tuple[Store, Worker
     backends = await open_backends(Settings(database_url=database_url))
     store = backends.jobs
     config = WorkerConfig(concurrency=4, heartbeat_s=1, claim_ttl_s=5, poll_s=POLL_FLOOR_S, write_linger_s=0)
-    from tenure.examples import app
+    from tenure.demos.examples import app
 
     worker = Worker(backends, app, config)
     stop = asyncio.Event()
@@ -96,7 +96,7 @@ async def test_jobs_submitted_one_at_a_time_are_picked_up_without_the_poll_floor
     """Every claim here finds fewer jobs than the worker's free slots; a job that arrives while a claim or a
     handler is in flight must still wake the worker (a lost wake-up would leave it to the 60 s poll floor)."""
     store, _ = running_worker
-    async with connect("tenure.examples:app", database_url) as client:
+    async with connect("tenure.demos.examples:app", database_url) as client:
         long = (await client.submit("sleep", {"seconds": 30, "every": 30})).job.id
 
         async def running() -> bool:
@@ -119,13 +119,13 @@ async def test_the_writer_lingers_only_while_other_jobs_run(database_url: str) -
     store = backends.jobs
     linger = 4.0
     config = WorkerConfig(concurrency=4, heartbeat_s=1, claim_ttl_s=5, poll_s=0.2, write_linger_s=linger)
-    from tenure.examples import app
+    from tenure.demos.examples import app
 
     worker = Worker(backends, app, config)
     stop = asyncio.Event()
     run = asyncio.create_task(worker.run(stop))
     try:
-        async with connect("tenure.examples:app", database_url) as client:
+        async with connect("tenure.demos.examples:app", database_url) as client:
             began = time.monotonic()
             alone = await client.wait((await client.submit("echo", {"alone": True})).job.id, timeout_s=30)
             assert alone.state is JobState.SUCCEEDED

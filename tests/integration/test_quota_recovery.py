@@ -124,7 +124,7 @@ async def test_slots_of_a_sigkilled_worker_are_taken_up_within_ttl_plus_a_heartb
         tries: list[tuple[float, list[str]]] = []
         # 600 waiting jobs are over the default cap (500), which tenure.connect meets like the gateway.
         caps = Settings(database_url=database_url, max_queued=1000, max_queued_per_tenant=1000)
-        async with connect("tenure.examples:app", settings=caps) as client, store_leases(database_url) as own:
+        async with connect("tenure.demos.examples:app", settings=caps) as client, store_leases(database_url) as own:
             leases: Leases = redis_leases or own
             await client.submit_many([JobRequest("chat", {"prompt": f"job {i}", "max_tokens": 8}) for i in range(600)])
             live = [fleet.spawn() for _ in range(3)]

@@ -33,7 +33,7 @@ async def test_five_hundred_jobs_survive_a_flushall_and_a_restart_of_redis_none_
     workers = [WorkerProc(pg_database_url, tmp_path, f"w{i}", concurrency=8, env=env) for i in range(2)]
     settings = Settings(database_url=pg_database_url, redis_url=private_redis.url)
     try:
-        async with connect("tenure.examples:app", settings=settings) as client:
+        async with connect("tenure.demos.examples:app", settings=settings) as client:
             ids = await client.submit_many([JobRequest("sleep", {"seconds": 0.1, "every": 1}) for _ in range(500)])
 
             async def finished() -> int:
@@ -71,7 +71,7 @@ async def test_a_cancel_reaches_a_running_job_through_the_heartbeat_while_redis_
 ) -> None:
     worker = WorkerProc(pg_database_url, tmp_path, "w", env={"TENURE_REDIS_URL": private_redis.url})
     try:
-        async with connect("tenure.examples:app", pg_database_url) as client:
+        async with connect("tenure.demos.examples:app", pg_database_url) as client:
             job_id = (await client.submit("sleep", {"seconds": 60, "every": 5})).job.id
 
             async def running() -> bool:
@@ -122,7 +122,7 @@ async def test_a_quota_admits_no_more_than_its_limit_when_redis_loses_its_leases
     stats_url = mock_model.removesuffix("/v1") + "/stats"
     newcomer = RedisLeases(private_redis.url, prefix="tenure:lease:")  # where the workers keep their leases
     try:
-        async with connect("tenure.examples:app", pg_database_url) as client, httpx.AsyncClient() as http:
+        async with connect("tenure.demos.examples:app", pg_database_url) as client, httpx.AsyncClient() as http:
             await client.submit_many([JobRequest("chat", {"prompt": f"job {i}", "max_tokens": 8}) for i in range(300)])
 
             async def quota_in_use() -> bool:
@@ -164,7 +164,7 @@ async def test_a_submit_does_not_wait_for_a_ready_index_that_stopped_answering(s
     port = server.sockets[0].getsockname()[1]
     settings = Settings(database_url=sqlite_database_url, redis_url=f"redis://127.0.0.1:{port}/0")
     try:
-        async with connect("tenure.examples:app", settings=settings) as client:
+        async with connect("tenure.demos.examples:app", settings=settings) as client:
             began = asyncio.get_running_loop().time()
             admitted = await client.submit("echo", {"x": 1})
             took = asyncio.get_running_loop().time() - began

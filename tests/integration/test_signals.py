@@ -177,7 +177,7 @@ async def test_a_cancel_reaches_a_running_job_over_redis_long_before_a_heartbeat
     worker = WorkerProc(pg_database_url, tmp_path, "w", env=env)
     settings = Settings(database_url=pg_database_url, redis_url=private_redis.url)
     try:
-        async with connect("tenure.examples:app", settings=settings) as client:
+        async with connect("tenure.demos.examples:app", settings=settings) as client:
             job_id = (await client.submit("sleep", {"seconds": 120, "every": 10})).job.id
 
             async def running() -> bool:

@@ -108,7 +108,7 @@ ALLOWED: dict[str, str] = {
     "tenure.worker.observe.WorkerObserver._unwatch": CONSTANT,  # unwatch callbacks, run once at close
     # -- scoped to one call, request, stream or execution
     "tenure.control.quotas.ExecutionQuotas.blocks": SCOPED,  # one execution's quota blocks
-    "tenure.examples._http": SCOPED,  # the example app's own HTTP client (not the runtime's)
+    "tenure.demos.examples._http": SCOPED,  # the example app's own HTTP client (not the runtime's)
     "tenure.gateway.problems.Problem.headers": SCOPED,  # one response
     "tenure.gateway.streams.Subscription._pending": SCOPED,  # one client stream
     "tenure.worker.execution.Execution.commands": SCOPED,  # one execution

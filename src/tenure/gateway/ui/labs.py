@@ -1,6 +1,6 @@
 """The live labs: seed 000's three experiments run against the real runtime, started from the dashboard.
 
-A lab is a child process, `python -m tenure.labs NAME --dir DIR --params JSON` (src/tenure/labs), that makes a
+A lab is a child process, `python -m tenure.demos.labs NAME --dir DIR --params JSON` (src/tenure/labs), that makes a
 throw-away SQLite store in DIR, starts real `tenure worker` processes on it with the bundled lab agents, drives
 them through the public API and prints one JSON object a line: what it measured (`sample`), what happened
 (`event`), and its conclusion (`result`). This module only runs that process and relays its lines to the page
@@ -175,7 +175,7 @@ class LabRunner:
             self._count += 1
             directory = await asyncio.to_thread(tempfile.mkdtemp, prefix=f"tenure-lab-{name}-")
             run = LabRun(f"{name}-{self._count}", name, checked, directory)
-            argv = [self._python, "-m", "tenure.labs", name, "--dir", directory, "--params", json.dumps(checked)]
+            argv = [self._python, "-m", "tenure.demos.labs", name, "--dir", directory, "--params", json.dumps(checked)]
             run.proc = await asyncio.create_subprocess_exec(
                 *argv,
                 env=self._env,

@@ -6,7 +6,7 @@ than its global quota of requests are in flight. This server is both: it streams
 events like OpenAI, answers `429` once more than `max_concurrency` requests are in flight, and counts what
 it did so a test can compare the model's view with the clients' (`GET /stats`).
 
-    python -m tenure.mock_model --port 8001 --max-concurrency 4 --latency-ms 200 --tokens 16
+    python -m tenure.demos.mock_model --port 8001 --max-concurrency 4 --latency-ms 200 --tokens 16
 
 Endpoints: `POST /v1/chat/completions` (stream or not), `GET /v1/models`, `GET /stats`, `POST /stats/reset`.
 The counters live in this one process; run one server process per mock model (never several workers).
@@ -349,9 +349,9 @@ def serve(host: str, port: int, max_concurrency: int, latency_ms: float, tokens:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m tenure.mock_model`: parse flags and serve."""
+    """`python -m tenure.demos.mock_model`: parse flags and serve."""
     parser = argparse.ArgumentParser(
-        prog="python -m tenure.mock_model",
+        prog="python -m tenure.demos.mock_model",
         description="A mock OpenAI-compatible chat model with fixed latency and a concurrency limit.",
     )
     parser.add_argument("--host", default="127.0.0.1")

@@ -1,4 +1,4 @@
-"""`python -m tenure.labs NAME --dir DIR --params JSON`: run one lab (see tenure/labs/__init__.py)."""
+"""`python -m tenure.demos.labs NAME --dir DIR --params JSON`: run one lab (see tenure/demos/labs/__init__.py)."""
 
 from __future__ import annotations
 
@@ -11,22 +11,22 @@ import signal
 import sys
 from pathlib import Path
 
-from tenure.labs._harness import Harness, emit
+from tenure.demos.labs._harness import Harness, emit
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tenure.labs")
+    parser = argparse.ArgumentParser(prog="python -m tenure.demos.labs")
     parser.add_argument("lab", choices=["loop", "owner", "lease"])
     parser.add_argument("--dir", required=True, help="a directory of its own (the throw-away store, worker logs)")
     parser.add_argument("--params", default="{}", help="the lab's parameters as a JSON object")
     args = parser.parse_args(argv)
     params = json.loads(args.params)
     if args.lab == "loop":
-        from tenure.labs.loop import run
+        from tenure.demos.labs.loop import run
     elif args.lab == "owner":
-        from tenure.labs.owner import run
+        from tenure.demos.labs.owner import run
     else:
-        from tenure.labs.lease import run
+        from tenure.demos.labs.lease import run
     h = Harness(Path(args.dir))
 
     parent = os.getppid()

@@ -22,7 +22,7 @@ from tenure.app import LocalClient, connect, open_backends
 from tenure.contracts.store import Leases
 from tenure.settings import Settings
 
-APP = "tenure.labs.agents:app"
+APP = "tenure.demos.labs.agents:app"
 
 
 def emit(kind: str, **data: Any) -> None:

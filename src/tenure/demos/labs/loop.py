@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 
 from tenure.control.admission import JobRequest
-from tenure.labs._harness import Harness, emit, free_port, lab_store
+from tenure.demos.labs._harness import Harness, emit, free_port, lab_store
 
 _LAG = re.compile(r'^event_loop_lag_max_seconds\{[^}]*role="worker"[^}]*\} ([0-9.eE+-]+)$', re.MULTILINE)
 _SUM = re.compile(r'^event_loop_lag_seconds_sum\{[^}]*role="worker"[^}]*\} ([0-9.eE+-]+)$', re.MULTILINE)

@@ -1,4 +1,4 @@
-"""The bundled example agents: `tenure.examples:app`. Each one demonstrates one runtime behaviour.
+"""The bundled example agents: `tenure.demos.examples:app`. Each one demonstrates one runtime behaviour.
 
 echo                return the input
 sleep               async sleep, emitting progress events           {"seconds": 1.0, "every": 0.2}

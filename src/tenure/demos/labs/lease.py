@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from tenure.control.admission import JobRequest
-from tenure.labs._harness import Harness, LabWorker, emit, lab_leases, lab_store
+from tenure.demos.labs._harness import Harness, LabWorker, emit, lab_leases, lab_store
 
 KEY = "lab:pool"
 HOLD_S = 1.0

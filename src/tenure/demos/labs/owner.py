@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from tenure.contracts.states import JobState
-from tenure.labs._harness import Harness, emit, lab_store
+from tenure.demos.labs._harness import Harness, emit, lab_store
 
 LONG_S = 14.0
 

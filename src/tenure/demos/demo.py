@@ -14,7 +14,7 @@ Everything runs on one temporary SQLite file and three real `tenure worker` proc
 Worker 3 runs with the fault-injection hook `TENURE_FAULTS=after_claim=sleep:60` so that the window between
 claim and start, normally a few milliseconds, lasts long enough to be seen (and killed in).
 
-    python -m tenure.demo [--keep]
+    python -m tenure.demos.demo [--keep]
 
 Exit status 0 when every step behaved as described. Otherwise it prints what it saw and exits 1 (130 on
 Ctrl-C, 143 on SIGTERM). Worker processes run in their own process groups, and every group is killed before
@@ -48,7 +48,7 @@ from tenure.settings import Settings
 
 T = TypeVar("T")
 
-APP = "tenure.examples:app"
+APP = "tenure.demos.examples:app"
 HEARTBEAT_S = 0.5
 CLAIM_TTL_S = 1.5
 SWEEP_INTERVAL_S = 0.5

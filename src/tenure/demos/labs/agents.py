@@ -1,4 +1,4 @@
-"""The agents the labs run (`tenure.labs.agents:app`)."""
+"""The agents the labs run (`tenure.demos.labs.agents:app`)."""
 
 from __future__ import annotations
 
