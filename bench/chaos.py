@@ -593,7 +593,7 @@ class Zombie:
         from tenure.app import open_backends
         from tenure.settings import Settings
 
-        backends = await open_backends(Settings(database_url=self.url), migrate=False)
+        backends = await open_backends(Settings.of(database_url=self.url), migrate=False)
         try:
             while not until.is_set():
                 await asyncio.sleep(0.5)

@@ -109,7 +109,7 @@ class Target:
             await conn.close()
 
     def settings(self) -> Settings:
-        return Settings(
+        return Settings.of(
             database_url=self.url,
             sqlite_synchronous=self.synchronous,
             max_queued=BACKLOG_CAP,

@@ -323,7 +323,7 @@ async def bench_jobs(jobs: int, workers: int, concurrency: int, leases_on: str) 
     cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     try:
         # A backlog is over the default cap on waiting jobs (500), which tenure.connect meets like the gateway.
-        settings = tenure.settings.Settings(database_url=url, max_queued=10**9, max_queued_per_tenant=10**9)
+        settings = tenure.settings.Settings.of(database_url=url, max_queued=10**9, max_queued_per_tenant=10**9)
         async with tenure.connect(app, settings=settings) as client:
             await client.submit_many([tenure.JobRequest("quota_sleep", {}) for _ in range(jobs)])
             for _ in range(workers):

@@ -60,7 +60,7 @@ async def main(n: int, workers: int) -> None:
         PYTHONPATH=here + os.pathsep + os.environ.get("PYTHONPATH", ""),
     )
     tenure_bin = os.path.join(os.path.dirname(sys.executable), "tenure")
-    async with tenure.connect(app, settings=Settings(database_url=url)) as client:
+    async with tenure.connect(app, settings=Settings.of(database_url=url)) as client:
         procs = [
             subprocess.Popen(  # noqa: ASYNC220 - started once, before anything is measured
                 [tenure_bin, "worker", "--concurrency", str(max(1, 20 // workers))],

@@ -67,7 +67,7 @@ def _pct(values: list[float], q: float) -> float:
 
 async def fill(url: str, n: int) -> dict[str, Any]:
     """`n` jobs through the store's enqueue, then a realistic spread of states (direct SQL: the bench only)."""
-    store = await open_store(Settings(database_url=url))
+    store = await open_store(Settings.of(database_url=url))
     admission = Admission(store, examples.specs())
     rng = random.Random(15)
     started = time.monotonic()

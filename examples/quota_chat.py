@@ -76,7 +76,7 @@ def main() -> int:
 
 
 async def submit_and_wait(db: str) -> None:
-    settings = tenure.settings.Settings(database_url=db)
+    settings = tenure.settings.Settings.of(database_url=db)
     async with tenure.connect("tenure.demos.examples:app", settings=settings) as client:
         ids = await client.submit_many(
             [tenure.JobRequest("chat", {"prompt": f"question {i}", "max_tokens": 8}) for i in range(JOBS)]

@@ -126,7 +126,7 @@ async def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncI
 @pytest.fixture
 async def backends(database_url: str) -> AsyncIterator[Backends]:
     """The job store, signals and leases of one process on the backend under test, migrated."""
-    b = await open_backends(Settings(database_url=database_url))
+    b = await open_backends(Settings.of(database_url=database_url))
     try:
         yield b
     finally:

@@ -74,7 +74,7 @@ class Driver(BaseDriver):
         return {}
 
     def settings(self) -> Settings:
-        return Settings(database_url=self.database_url(), max_queued=BACKLOG_CAP, max_queued_per_tenant=BACKLOG_CAP)
+        return Settings.of(database_url=self.database_url(), max_queued=BACKLOG_CAP, max_queued_per_tenant=BACKLOG_CAP)
 
     def reset(self) -> None:
         import psycopg
@@ -194,7 +194,7 @@ class SqliteDriver(Driver):
 
     def settings(self) -> Settings:
         # The enqueuer opens the store with the same durability the workers use.
-        return Settings(
+        return Settings.of(
             database_url=self.database_url(),
             sqlite_synchronous=self.synchronous,
             max_queued=BACKLOG_CAP,

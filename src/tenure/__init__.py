@@ -8,9 +8,14 @@ app = Tenure()
 async def echo(ctx: Context, input: dict) -> dict:
     await ctx.emit("message.delta", {"text": "hi"})
     return input
+
+An agent module imports only what an agent author writes with (the app, its Context, the errors and types): the
+client side (`connect`, `LocalClient`, the admission's answers) is loaded on first use (PEP 562), so importing
+`tenure` loads no database or Redis driver.
 """
 
-from tenure.app import LocalClient, connect
+import typing as _typing
+
 from tenure.contracts.errors import (
     ConfigError,
     HandlerAborted,
@@ -31,11 +36,41 @@ from tenure.contracts.errors import (
 )
 from tenure.contracts.states import JobState, WorkerState
 from tenure.contracts.types import Event, Job
-from tenure.control.admission import Admitted, JobRequest
-from tenure.control.gate import CircuitOpen, QueueFull
-from tenure.control.jobs import JobsClient
 from tenure.kernel.context import Context
 from tenure.kernel.registry import Tenure
+
+if _typing.TYPE_CHECKING:
+    from tenure.control.admission import Admitted, JobRequest
+    from tenure.control.gate import CircuitOpen, QueueFull
+    from tenure.control.jobs import JobsClient
+    from tenure.local import LocalClient, connect
+
+# The client side, loaded on first use: name -> module.
+_LAZY = {
+    "Admitted": "tenure.control.admission",
+    "JobRequest": "tenure.control.admission",
+    "CircuitOpen": "tenure.control.gate",
+    "QueueFull": "tenure.control.gate",
+    "JobsClient": "tenure.control.jobs",
+    "LocalClient": "tenure.local",
+    "connect": "tenure.local",
+}
+
+
+def __getattr__(name: str) -> _typing.Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tenure' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # once: later lookups do not come here
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __version__ = "0.1.0"
 

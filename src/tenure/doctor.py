@@ -76,14 +76,14 @@ async def diagnose(settings: Settings, *, max_skew_s: float = 1.0) -> Report:
     try:
         backends = await open_backends(settings, migrate=False)
     except (TenureError, OSError) as exc:
-        report.add("store", "fail", f"cannot open {_redact(settings.database_url)}: {exc}")
+        report.add("store", "fail", f"cannot open {_redact(settings.store.database_url)}: {exc}")
         return report
     try:
         await _check_store(report, backends.jobs, settings, max_skew_s)
     finally:
         await backends.close()
-    if settings.redis_url:
-        await _check_redis(report, settings.redis_url, max_skew_s)
+    if settings.redis.url:
+        await _check_redis(report, settings.redis.url, max_skew_s)
     else:
         report.add("redis", "ok", "not configured (TENURE_REDIS_URL unset): leases live in the store")
     return report
@@ -95,7 +95,7 @@ async def _check_store(report: Report, store: JobStore, settings: Settings, max_
         report.add(
             "store",
             "ok",
-            f"{store.dialect} {version} at {_redact(settings.database_url)}",
+            f"{store.dialect} {version} at {_redact(settings.store.database_url)}",
             dialect=store.dialect,
             version=version,
         )
@@ -140,7 +140,7 @@ async def _check_store(report: Report, store: JobStore, settings: Settings, max_
 
 
 async def _check_workers(report: Report, store: JobStore, settings: Settings, now: float) -> None:
-    horizon = 2 * settings.claim_ttl_s  # the registry marks a worker gone after this much silence
+    horizon = 2 * settings.worker.claim_ttl_s  # the registry marks a worker gone after this much silence
     workers = await store.list_workers(include_gone=False)
     alive = [w for w in workers if w.last_heartbeat is not None and now - w.last_heartbeat <= horizon]
     by_state: dict[str, int] = {}
@@ -163,7 +163,7 @@ async def _check_workers(report: Report, store: JobStore, settings: Settings, no
 async def _check_stuck(report: Report, store: JobStore, settings: Settings, now: float) -> None:
     # Past its claim expiry, a job is the sweeper's within one sweep; a grace of a few sweeps (and a
     # heartbeat) keeps a sweep in progress from being reported.
-    grace = 3 * settings.sweep_interval_s + settings.heartbeat_s
+    grace = 3 * settings.worker.sweep_interval_s + settings.worker.heartbeat_s
     stuck = []
     for state in (JobState.QUEUED, JobState.RUNNING, JobState.WAITING):
         for job in await store.list_jobs(JobFilter(state=state, limit=STUCK_SCAN_LIMIT)):

@@ -1,21 +1,146 @@
 """Typed settings, read once from `TENURE_*` environment variables and overridden by CLI flags.
 
-An unknown `TENURE_*` variable, a malformed value or an inconsistent combination is an error at start-up:
-nothing runs on a configuration it does not understand. docs/configuration.md lists every setting.
+    Settings
+    ├── store     StoreSettings     where the durable truth lives (TENURE_DATABASE_URL, TENURE_SQLITE_SYNCHRONOUS)
+    ├── worker    WorkerConfig      how a worker claims, heartbeats, drains (worker/config.py: its rules live there)
+    ├── limits    AdmissionLimits   what one request may ask for (control/admission.py)
+    ├── gate      GateConfig        the queue caps and the circuit breaker (control/gate.py)
+    ├── gateway   GatewaySettings   the dashboard, browsers as clients
+    ├── redis     RedisSettings     the accelerator (TENURE_REDIS_URL, TENURE_REDIS_PREFIX)
+    └── auth      AuthSettings      the gateway's API keys, and the key the CLI sends
+    and the process's own: app, log_level, log_format, faults, model_url, url, metrics_port, quotas
+
+Every variable is one row of `_TABLE`: its section, its field and its parser, so a name, a default and a rule are
+each written once (the defaults are the sections' own; a cross-field rule lives in the section it concerns, e.g.
+"the claim TTL is at least three heartbeats" in `WorkerConfig`). An unknown `TENURE_*` variable, a malformed
+value or an inconsistent combination is an error at start-up: nothing runs on a configuration it does not
+understand. docs/configuration.md lists every setting (tests/unit/test_docs.py checks it).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from tenure.contracts.errors import ConfigError
 from tenure.contracts.quotas import QuotaSpec, parse_quotas, quotas_from_table
+from tenure.control.admission import AdmissionLimits
+from tenure.control.gate import GateConfig
+from tenure.worker.config import WorkerConfig
+
+DEFAULT_APP = "tenure.demos.examples:app"
+_SQL_SCHEMES = ("sqlite", "postgresql", "postgres", "postgresql+asyncpg")
 
 
+@dataclass(frozen=True, slots=True)
+class StoreSettings:
+    """Where the durable truth lives."""
+
+    database_url: str = "sqlite:///./tenure.db"
+    sqlite_synchronous: str = "FULL"
+
+    def __post_init__(self) -> None:
+        if self.database_url.split(":", 1)[0] not in _SQL_SCHEMES:
+            raise ConfigError(f"TENURE_DATABASE_URL {self.database_url!r}: expected sqlite:///path.db or postgresql://...")
+
+
+@dataclass(frozen=True, slots=True)
+class RedisSettings:
+    """Redis, the accelerator (quota leases, the ready index, live hints); never the truth."""
+
+    url: str | None = None
+    prefix: str = "tenure:"
+    """Every Redis key and channel of this deployment starts with it (deployments or test runs can share one)."""
+
+
+@dataclass(frozen=True, slots=True)
+class AuthSettings:
+    """The gateway's API keys (kept hashed by `gateway.auth.Auth`), and the key the CLI's client commands send."""
+
+    api_keys: str | None = None
+    api_keys_file: str | None = None
+    admin_key: str | None = None
+    api_key: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GatewaySettings:
+    """The gateway's dashboard and its browser-facing rules (docs/dashboard.md, docs/http-api.md)."""
+
+    cors_origins: tuple[str, ...] = ()
+    ui: bool = True
+    ui_labs: bool = True
+    ui_secret: str | None = None  # unset: each gateway process signs sessions with a random secret of its own
+    ui_session_s: int = 8 * 3600
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Every setting of a Tenure process, in sections (see the module docstring). Build it with `from_env` (the
+    environment, then flags) or `of` (plain values by variable name, for code and tests)."""
+
+    store: StoreSettings = field(default_factory=StoreSettings)
+    worker: WorkerConfig = field(default_factory=WorkerConfig)
+    limits: AdmissionLimits = field(default_factory=AdmissionLimits)
+    gate: GateConfig = field(default_factory=GateConfig)
+    gateway: GatewaySettings = field(default_factory=GatewaySettings)
+    redis: RedisSettings = field(default_factory=RedisSettings)
+    auth: AuthSettings = field(default_factory=AuthSettings)
+    app: str = DEFAULT_APP
+    log_level: str = "info"
+    log_format: str = "auto"
+    faults: str | None = None
+    model_url: str = "http://127.0.0.1:8001/v1"  # the `chat` example's model endpoint
+    url: str | None = None  # the gateway the CLI's client commands talk to (unset: the store directly)
+    metrics_port: int | None = None
+    # Global quotas (docs/quotas.md): TENURE_QUOTAS='llm:gpt-4o=8,llm:mock=8/fail-open', over tenure.toml.
+    quotas: Mapping[str, QuotaSpec] = field(default_factory=dict)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+        """Read `TENURE_*` variables, then apply non-None `overrides` (from CLI flags; named like the variables,
+        without the prefix, lower case)."""
+        env = os.environ if env is None else env
+        values: dict[str, Any] = {}
+        for key, text in env.items():
+            if not key.startswith("TENURE_"):
+                continue
+            name = key[len("TENURE_") :].lower()
+            row = _TABLE.get(name)
+            if row is None:
+                raise ConfigError(f"unknown setting {key} (see docs/configuration.md for the list)")
+            values[name] = row[2](key, text)
+        values.update({name: value for name, value in overrides.items() if value is not None})
+        return cls.of(**values)
+
+    @classmethod
+    def of(cls, **values: Any) -> Settings:
+        """Settings from typed values named like the variables (`database_url=`, `heartbeat_s=`, ...); the rest
+        defaults. An unknown name is an error."""
+        return cls().replace(**values)
+
+    def replace(self, **values: Any) -> Settings:
+        """A copy with these values changed (named like the variables, e.g. `replace(database_url=url)`)."""
+        sections: dict[str, dict[str, Any]] = {}
+        top: dict[str, Any] = {}
+        for name, value in values.items():
+            row = _TABLE.get(name)
+            if row is None:
+                raise ConfigError(f"unknown setting {name!r} (see docs/configuration.md for the list)")
+            section, attr, _ = row
+            if section:
+                sections.setdefault(section, {})[attr] = value
+            else:
+                top[attr] = value
+        for section, changes in sections.items():
+            top[section] = dataclasses.replace(getattr(self, section), **changes)
+        return dataclasses.replace(self, **top)
+
+
+# -- parsers: (variable name, text) -> value ---------------------------------------------------------------------
 def _pos_float(name: str, text: str) -> float:
     try:
         value = float(text)
@@ -36,7 +161,19 @@ def _pos_int(name: str, text: str) -> int:
     return value
 
 
-def _choice(*options: str) -> Any:
+def _port(name: str, text: str) -> int | None:
+    if not text.strip():
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise ConfigError(f"{name} must be a port number, not {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise ConfigError(f"{name} must be a port number (0 for any free one), not {value}")
+    return value
+
+
+def _choice(*options: str) -> Callable[[str, str], str]:
     def parse(name: str, text: str) -> str:
         value = text.strip().upper() if options[0].isupper() else text.strip().lower()
         if value not in options:
@@ -44,6 +181,15 @@ def _choice(*options: str) -> Any:
         return value
 
     return parse
+
+
+def _switch(name: str, text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("on", "1", "true", "yes"):
+        return True
+    if value in ("off", "0", "false", "no"):
+        return False
+    raise ConfigError(f"{name} must be on or off, not {text!r}")
 
 
 def _text(name: str, text: str) -> str:
@@ -60,132 +206,70 @@ def _optional(name: str, text: str) -> str | None:
     return text.strip() or None
 
 
-@dataclass(frozen=True, slots=True)
-class Settings:
-    """Every setting of a Tenure process. Field `x` is read from `TENURE_X`."""
+def _origins(name: str, text: str) -> tuple[str, ...]:
+    from tenure.gateway.cors import parse_origins
 
-    database_url: str = "sqlite:///./tenure.db"
-    app: str = "tenure.demos.examples:app"
-    heartbeat_s: float = 5.0
-    claim_ttl_s: float = 15.0
-    sweep_interval_s: float = 1.0
-    drain_timeout_s: float = 30.0
-    poll_s: float = 1.0
-    concurrency: int = 10
-    capabilities: tuple[str, ...] = ()
-    claim_mode: str = "one_step"
-    max_input_bytes: int = 1024 * 1024
-    default_deadline_s: float = 300.0
-    sqlite_synchronous: str = "FULL"
-    log_level: str = "info"
-    log_format: str = "auto"
-    faults: str | None = None
-    # Read by later layers (the gateway, Redis, quotas, the example `chat` agent); validated here too.
-    redis_url: str | None = None
-    model_url: str = "http://127.0.0.1:8001/v1"
-    # Observability (docs/observability.md): loop-lag sampling, the stall log, lag-aware liveness.
-    lag_interval_s: float = 0.05
-    stall_threshold_s: float = 0.25
-    degraded_lag_s: float = 0.5
-    degraded_for_s: float = 2.0
-    # The gateway: admission caps and the per-agent circuit breaker (DESIGN.md, "Admission at the gateway"),
-    # and the gateway URL the CLI's client commands talk to (unset: they use the store directly).
-    max_queued: int = 500
-    max_queued_per_tenant: int = 500
-    breaker_threshold: int = 3
-    breaker_window_s: float = 600.0
-    breaker_open_s: float = 60.0
-    url: str | None = None
-    extra: Mapping[str, str] = field(default_factory=dict)
-    # Global quotas (docs/quotas.md): TENURE_QUOTAS='llm:gpt-4o=8,llm:mock=8/fail-open', over tenure.toml.
-    quotas: Mapping[str, QuotaSpec] = field(default_factory=dict)
-    # Every Redis key and channel of this deployment starts with this prefix (two deployments, or test runs,
-    # can share one Redis server).
-    redis_prefix: str = "tenure:"
-
-    def __post_init__(self) -> None:
-        if self.claim_ttl_s < 3 * self.heartbeat_s:
-            raise ConfigError(
-                f"TENURE_CLAIM_TTL_S ({self.claim_ttl_s:g}) must be at least 3 heartbeats "
-                f"(3 × TENURE_HEARTBEAT_S = {3 * self.heartbeat_s:g}): one late heartbeat must not lose a job"
-            )
-        scheme = self.database_url.split(":", 1)[0]
-        if scheme not in ("sqlite", "postgresql", "postgres", "postgresql+asyncpg"):
-            raise ConfigError(f"TENURE_DATABASE_URL {self.database_url!r}: expected sqlite:///path.db or postgresql://...")
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
-        """Read `TENURE_*` variables, then apply non-None `overrides` (from CLI flags)."""
-        env = os.environ if env is None else env
-        values: dict[str, Any] = {}
-        extra: dict[str, str] = {}
-        for key, text in env.items():
-            if not key.startswith("TENURE_"):
-                continue
-            name = key[len("TENURE_") :].lower()
-            if name in _PARSERS:
-                values[name] = _PARSERS[name](key, text)
-            elif name in _OTHER_LAYERS:
-                extra[name] = text
-            else:
-                raise ConfigError(f"unknown setting {key} (see docs/configuration.md for the list)")
-        for name, value in overrides.items():
-            if value is not None:
-                values[name] = value
-        return cls(**values, extra=extra)
-
-    def replace(self, **changes: Any) -> Settings:
-        return dataclasses.replace(self, **changes)
+    return parse_origins(text)
 
 
-_PARSERS: dict[str, Any] = {
-    "database_url": _text,
-    "app": _text,
-    "heartbeat_s": _pos_float,
-    "claim_ttl_s": _pos_float,
-    "sweep_interval_s": _pos_float,
-    "drain_timeout_s": _pos_float,
-    "poll_s": _pos_float,
-    "concurrency": _pos_int,
-    "capabilities": _tags,
-    "claim_mode": _choice("one_step", "two_step"),
-    "max_input_bytes": _pos_int,
-    "default_deadline_s": _pos_float,
-    "sqlite_synchronous": _choice("FULL", "NORMAL"),
-    "log_level": _choice("debug", "info", "warning", "error"),
-    "log_format": _choice("auto", "json", "console"),
-    "faults": _optional,
-    "redis_url": _optional,
-    "model_url": _text,
-    "lag_interval_s": _pos_float,
-    "stall_threshold_s": _pos_float,
-    "degraded_lag_s": _pos_float,
-    "degraded_for_s": _pos_float,
-    "max_queued": _pos_int,
-    "max_queued_per_tenant": _pos_int,
-    "breaker_threshold": _pos_int,
-    "breaker_window_s": _pos_float,
-    "breaker_open_s": _pos_float,
-    "url": _optional,
-    "quotas": lambda name, text: parse_quotas(text, name),
-    "redis_prefix": _text,
+def _ui_secret(name: str, text: str) -> str | None:
+    value = text.strip() or None
+    if value is not None and len(value) < 32:
+        raise ConfigError(f"{name} needs at least 32 characters (it signs the dashboard's session cookies)")
+    return value
+
+
+def _session_s(name: str, text: str) -> int:
+    from tenure.gateway.ui.sessions import parse_session_s
+
+    return parse_session_s(text)
+
+
+# Every TENURE_* variable: its section ("" for the top level), its field there, and its parser.
+_TABLE: dict[str, tuple[str, str, Callable[[str, str], Any]]] = {
+    "database_url": ("store", "database_url", _text),
+    "sqlite_synchronous": ("store", "sqlite_synchronous", _choice("FULL", "NORMAL")),
+    "heartbeat_s": ("worker", "heartbeat_s", _pos_float),
+    "claim_ttl_s": ("worker", "claim_ttl_s", _pos_float),
+    "sweep_interval_s": ("worker", "sweep_interval_s", _pos_float),
+    "drain_timeout_s": ("worker", "drain_timeout_s", _pos_float),
+    "poll_s": ("worker", "poll_s", _pos_float),
+    "concurrency": ("worker", "concurrency", _pos_int),
+    "capabilities": ("worker", "capabilities", _tags),
+    "claim_mode": ("worker", "claim_mode", _choice("one_step", "two_step")),
+    "lag_interval_s": ("worker", "lag_interval_s", _pos_float),
+    "stall_threshold_s": ("worker", "stall_threshold_s", _pos_float),
+    "degraded_lag_s": ("worker", "degraded_lag_s", _pos_float),
+    "degraded_for_s": ("worker", "degraded_for_s", _pos_float),
+    "max_input_bytes": ("limits", "max_input_bytes", _pos_int),
+    "default_deadline_s": ("limits", "default_deadline_s", _pos_float),
+    "max_queued": ("gate", "max_queued", _pos_int),
+    "max_queued_per_tenant": ("gate", "max_queued_per_tenant", _pos_int),
+    "breaker_threshold": ("gate", "breaker_threshold", _pos_int),
+    "breaker_window_s": ("gate", "breaker_window_s", _pos_float),
+    "breaker_open_s": ("gate", "breaker_open_s", _pos_float),
+    "cors_origins": ("gateway", "cors_origins", _origins),
+    "ui": ("gateway", "ui", _switch),
+    "ui_labs": ("gateway", "ui_labs", _switch),
+    "ui_secret": ("gateway", "ui_secret", _ui_secret),
+    "ui_session_s": ("gateway", "ui_session_s", _session_s),
+    "redis_url": ("redis", "url", _optional),
+    "redis_prefix": ("redis", "prefix", _text),
+    "api_keys": ("auth", "api_keys", _optional),
+    "api_keys_file": ("auth", "api_keys_file", _optional),
+    "admin_key": ("auth", "admin_key", _optional),
+    "api_key": ("auth", "api_key", _optional),
+    "app": ("", "app", _text),
+    "log_level": ("", "log_level", _choice("debug", "info", "warning", "error")),
+    "log_format": ("", "log_format", _choice("auto", "json", "console")),
+    "faults": ("", "faults", _optional),
+    "model_url": ("", "model_url", _text),
+    "url": ("", "url", _optional),
+    "metrics_port": ("", "metrics_port", _port),
+    "quotas": ("", "quotas", lambda name, text: parse_quotas(text, name)),
 }
-# Variables owned by layers that parse them themselves (gateway keys); known, so not an error.
-_OTHER_LAYERS = frozenset(
-    {
-        "api_keys",
-        "api_keys_file",
-        "admin_key",
-        "api_key",
-        "metrics_port",
-        # The dashboard and browsers as clients (gateway/ui, gateway/cors.py).
-        "ui",
-        "ui_secret",
-        "ui_session_s",
-        "ui_labs",
-        "cors_origins",
-    }
-)
+VARIABLES = frozenset(_TABLE)
+"""The names of every setting (TENURE_<NAME>), for the docs' check."""
 
 
 def load_quota_file(path: str = "tenure.toml") -> dict[str, QuotaSpec]:

@@ -124,7 +124,7 @@ def test_a_local_submit_at_the_queue_cap_is_a_clear_error_and_writes_nothing(dat
 
 
 async def test_a_local_submit_while_the_circuit_is_open_is_a_clear_error_and_writes_nothing(database_url: str) -> None:
-    backends = await open_backends(Settings(database_url=database_url))
+    backends = await open_backends(Settings.of(database_url=database_url))
     try:
         for _ in range(3):  # the breaker's default threshold: what three timed-out executions of `hang` write
             await backends.jobs.record_circuit_failure("agent:hang")

@@ -6,7 +6,7 @@ import asyncio
 import json
 import os
 
-from tenure.app import connect
+from tenure.local import connect
 from tests.conftest import PYTHON, REDIS_URL, ROOT
 
 FAST = {"TENURE_HEARTBEAT_S": "0.1", "TENURE_CLAIM_TTL_S": "0.4", "TENURE_SWEEP_INTERVAL_S": "0.05"}

@@ -137,7 +137,7 @@ class StateLog:
 async def state_log(database_url: str) -> AsyncIterator[StateLog]:
     """The database migrated and its state changes logged from here on; checked against the transition table
     when the test ends."""
-    await (await open_backends(Settings(database_url=database_url))).close()  # the `jobs` table exists
+    await (await open_backends(Settings.of(database_url=database_url))).close()  # the `jobs` table exists
     log = StateLog(database_url)
     await log.install()
     yield log
@@ -147,7 +147,7 @@ async def state_log(database_url: str) -> AsyncIterator[StateLog]:
 @pytest.fixture
 async def backends(database_url: str, state_log: StateLog) -> AsyncIterator[Backends]:
     """The root conftest's `backends`, with every state change it (or any other store) makes checked."""
-    b = await open_backends(Settings(database_url=database_url))
+    b = await open_backends(Settings.of(database_url=database_url))
     try:
         yield b
     finally:

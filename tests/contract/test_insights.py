@@ -20,7 +20,7 @@ from tests.contract.test_store import W1, claim_one, finish, start_one, submit
 
 @pytest.fixture
 async def insights(store: Store, database_url: str) -> AsyncIterator[Insights]:
-    i = await open_insights(Settings(database_url=database_url))
+    i = await open_insights(Settings.of(database_url=database_url))
     try:
         yield i
     finally:

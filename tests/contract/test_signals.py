@@ -29,7 +29,7 @@ async def pair(
     request: pytest.FixtureRequest, database_url: str, state_log: StateLog
 ) -> AsyncIterator[tuple[Backends, Backends]]:
     """A writer and a reader on the backend under test, their hints over the database or over Redis."""
-    settings = Settings(database_url=database_url)
+    settings = Settings.of(database_url=database_url)
     if request.param == "redis":
         settings = settings.replace(redis_url=REDIS_URL, redis_prefix=f"tenure-test:{uuid.uuid4().hex}:")
     writer = await open_backends(settings)

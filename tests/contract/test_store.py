@@ -581,7 +581,7 @@ async def test_wait_for_events_tells_of_appended_events(store: Store, backends: 
     signals = backends.signals
     await signals.wait_for_events(0.01)  # arm the listener / poller
     await signals.wait_for_events(0.01)
-    other = await open_backends(Settings(database_url=database_url))
+    other = await open_backends(Settings.of(database_url=database_url))
     writer = other.jobs
     try:
         job_id = await submit(writer)
@@ -646,7 +646,7 @@ async def test_control_hints_and_state_tell_an_owner_of_cancels_and_commands(
     await start_one(store, claim)
     assert await store.control_state([running]) == (frozenset(), {})
     await backends.signals.wait_for_control(0.01)  # arm the listener / poller
-    gateway = await open_backends(Settings(database_url=database_url))  # another process's connection
+    gateway = await open_backends(Settings.of(database_url=database_url))  # another process's connection
     try:
         assert await gateway.jobs.send_command(running, None, "input", '"hi"') is ControlOutcome.REQUESTED
         assert await gateway.jobs.cancel(running) is ControlOutcome.REQUESTED

@@ -10,9 +10,10 @@ import asyncpg
 import httpx
 import pytest
 
-from tenure.app import gateway_config, load_app, open_backends
+from tenure.app import load_app, open_backends
 from tenure.gateway.app import Gateway
 from tenure.gateway.auth import Auth
+from tenure.serve import gateway_config
 from tenure.settings import Settings
 
 
@@ -35,7 +36,7 @@ def count_statements(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 async def test_a_gateway_submit_costs_three_round_trips(pg_database_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    settings = Settings(database_url=pg_database_url)
+    settings = Settings.of(database_url=pg_database_url)
     backends = await open_backends(settings)
     try:
         gateway = Gateway(backends, load_app("tenure.demos.examples:app").specs(), Auth.open(), gateway_config(settings))

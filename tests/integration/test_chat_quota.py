@@ -14,9 +14,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tenure.app import connect
 from tenure.contracts.states import JobState
 from tenure.control.admission import JobRequest
+from tenure.local import connect
 from tests.integration.mockmodel import start_mock_model, stop_process
 from tests.integration.procs import WorkerProc
 from tests.integration.redisproc import RedisProc

@@ -26,7 +26,7 @@ def _claimer(url: str, name: str, barrier: Any, commands: Any, results: Any) -> 
     fence if it won, on a forged stale fence if it lost (a loser must never start anything)."""
 
     async def run() -> None:
-        backends = await open_backends(Settings(database_url=url), migrate=False)
+        backends = await open_backends(Settings.of(database_url=url), migrate=False)
         store = backends.jobs
         try:
             while (cmd := commands.get()) is not None:
@@ -53,7 +53,7 @@ async def _submit(store: Store) -> str:
 
 
 async def test_concurrent_claims_give_each_job_one_owner_per_epoch_and_one_start(database_url: str) -> None:
-    backends = await open_backends(Settings(database_url=database_url))
+    backends = await open_backends(Settings.of(database_url=database_url))
     store = backends.jobs
     ctx = mp.get_context("spawn")
     barrier = ctx.Barrier(PROCESSES)

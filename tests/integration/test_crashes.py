@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from tenure.app import LocalClient, connect
 from tenure.contracts.states import JobState
 from tenure.contracts.types import Job
+from tenure.local import LocalClient, connect
 from tests.integration.procs import SWEEP, TTL, WorkerProc, eventually
 
 pytestmark = pytest.mark.slow

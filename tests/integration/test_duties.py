@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tenure.app import LocalClient, connect
 from tenure.contracts.states import JobState
+from tenure.local import LocalClient, connect
 from tests.integration.procs import TTL, WorkerProc, eventually
 from tests.integration.test_observability import metrics_url, scrape, value
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tenure.app import LocalClient, connect
 from tenure.contracts.states import JobState
+from tenure.local import LocalClient, connect
 from tests.apps import hostile_app
 from tests.integration.procs import WorkerProc, eventually
 

@@ -31,9 +31,9 @@ import httpx
 import pytest
 import websockets
 
-from tenure.app import LocalClient, connect
 from tenure.contracts.states import JobState, WorkerState
 from tenure.contracts.types import Job
+from tenure.local import LocalClient, connect
 from tenure.settings import Settings
 from tests.conftest import PG_BASE
 from tests.integration import netns
@@ -536,7 +536,7 @@ async def test_a_worker_partitioned_from_redis_only_keeps_working_through_postgr
             args=("--metrics-port", str(metrics_port), "--metrics-host", host.address),
         )
         metrics_url = f"http://{host.address}:{metrics_port}/metrics"
-        settings = Settings(database_url=site.url, redis_url=redis.url)
+        settings = Settings.of(database_url=site.url, redis_url=redis.url)
         async with connect(APP, settings=settings) as client:
             await _within("the worker to register", 30, lambda: _registered(client, w), site)
 

@@ -7,16 +7,16 @@ from __future__ import annotations
 
 import pytest
 
-from tenure.app import connect
 from tenure.control.admission import JobRequest
 from tenure.control.gate import CircuitOpen, QueueFull
+from tenure.local import connect
 from tenure.settings import Settings
 
 IMPOSSIBLE = ["no-worker-has-this"]  # no worker runs here anyway: the jobs stay queued
 
 
 async def test_a_local_submit_at_the_queue_cap_is_refused_and_writes_nothing(database_url: str) -> None:
-    settings = Settings(database_url=database_url, max_queued=3)
+    settings = Settings.of(database_url=database_url, max_queued=3)
     async with connect("tenure.demos.examples:app", settings=settings) as client:
         for n in range(3):
             await client.submit("echo", {"n": n}, requires=IMPOSSIBLE)
@@ -30,7 +30,7 @@ async def test_a_local_submit_at_the_queue_cap_is_refused_and_writes_nothing(dat
 
 
 async def test_a_local_batch_that_would_pass_the_cap_is_refused_whole(database_url: str) -> None:
-    settings = Settings(database_url=database_url, max_queued=10, max_queued_per_tenant=4)
+    settings = Settings.of(database_url=database_url, max_queued=10, max_queued_per_tenant=4)
     async with connect("tenure.demos.examples:app", settings=settings) as client:
         with pytest.raises(QueueFull, match="tenant 'default'"):
             await client.submit_many([JobRequest("echo", {"n": n}) for n in range(5)])
@@ -39,7 +39,7 @@ async def test_a_local_batch_that_would_pass_the_cap_is_refused_whole(database_u
 
 
 async def test_a_local_replay_is_answered_over_the_cap_like_the_gateways(database_url: str) -> None:
-    settings = Settings(database_url=database_url, max_queued=1)
+    settings = Settings.of(database_url=database_url, max_queued=1)
     async with connect("tenure.demos.examples:app", settings=settings) as client:
         first = await client.submit("echo", {"a": 1}, idempotency_key="kept")
         again = await client.submit("echo", {"a": 1}, idempotency_key="kept")
@@ -49,7 +49,7 @@ async def test_a_local_replay_is_answered_over_the_cap_like_the_gateways(databas
 
 
 async def test_a_local_submit_while_the_circuit_is_open_is_refused_and_writes_nothing(database_url: str) -> None:
-    settings = Settings(database_url=database_url, breaker_threshold=2)
+    settings = Settings.of(database_url=database_url, breaker_threshold=2)
     async with connect("tenure.demos.examples:app", settings=settings) as client:
         for _ in range(2):
             await client.store.record_circuit_failure("agent:hang")  # what two timed-out executions write

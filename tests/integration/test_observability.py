@@ -16,9 +16,9 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tenure.app import LocalClient, connect
 from tenure.contracts.states import JobState
 from tenure.contracts.types import Job
+from tenure.local import LocalClient, connect
 from tests.integration.procs import SWEEP, TTL, WorkerProc, eventually
 
 pytestmark = pytest.mark.slow

@@ -11,8 +11,9 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from tenure.app import connect, open_backends
+from tenure.app import open_backends
 from tenure.contracts.states import JobState, WorkerState
+from tenure.local import connect
 from tenure.observability import metrics
 from tenure.observability.exposition import metrics_asgi_app
 from tenure.settings import Settings
@@ -23,7 +24,7 @@ from tests.integration.procs import eventually
 
 async def test_an_in_process_worker_and_the_metrics_asgi_app_never_block_the_loop(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/t.db"
-    backends = await open_backends(Settings(database_url=url))
+    backends = await open_backends(Settings.of(database_url=url))
     config = WorkerConfig(
         concurrency=4,
         heartbeat_s=0.1,

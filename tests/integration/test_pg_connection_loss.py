@@ -83,7 +83,7 @@ async def test_a_worker_claims_again_after_its_claim_connection_was_terminated(
     private_database: str, tmp_path: Path
 ) -> None:
     url = _admin_url(private_database)
-    backends = await open_backends(Settings(database_url=url))
+    backends = await open_backends(Settings.of(database_url=url))
     store = backends.jobs
     worker = WorkerProc(url, tmp_path, "w1", concurrency=2)
     try:
@@ -115,7 +115,7 @@ async def test_a_worker_that_cannot_claim_is_degraded_until_it_can_claim_again(
     private_database: str, tmp_path: Path
 ) -> None:
     url = _admin_url(private_database)
-    backends = await open_backends(Settings(database_url=url))
+    backends = await open_backends(Settings.of(database_url=url))
     store = backends.jobs
     worker = WorkerProc(url, tmp_path, "w1", concurrency=2)
     try:

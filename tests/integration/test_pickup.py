@@ -17,9 +17,10 @@ from collections.abc import AsyncIterator
 import asyncpg
 import pytest
 
-from tenure.app import connect, open_backends
+from tenure.app import open_backends
 from tenure.contracts.states import JobState
 from tenure.contracts.store import Store
+from tenure.local import connect
 from tenure.settings import Settings
 from tenure.worker import Worker, WorkerConfig
 from tests.conftest import PG_BASE
@@ -38,7 +39,7 @@ async def test_an_enqueue_returns_only_once_its_commit_is_flushed(pg_database_ur
     """The INSERT's own commit does not wait for the flush; the barrier after it does. Without the barrier the
     flush position lags the enqueue's WAL until the WAL writer's next round (200 ms by default), so twenty
     enqueues in a row would not all find it flushed."""
-    backends = await open_backends(Settings(database_url=pg_database_url))
+    backends = await open_backends(Settings.of(database_url=pg_database_url))
     store = backends.jobs
     admin = await asyncpg.connect(PG_BASE)
     try:
@@ -56,7 +57,7 @@ async def test_an_enqueue_returns_only_once_its_commit_is_flushed(pg_database_ur
 async def test_claim_and_start_returns_only_once_its_commit_is_flushed(pg_database_url: str) -> None:
     """The claim connection commits asynchronously (a lost claim is harmless); claim_and_start turns the flush
     on for its own transaction, because a started execution must survive a crash before its handler runs."""
-    backends = await open_backends(Settings(database_url=pg_database_url))
+    backends = await open_backends(Settings.of(database_url=pg_database_url))
     store = backends.jobs
     admin = await asyncpg.connect(PG_BASE)
     try:
@@ -74,7 +75,7 @@ async def test_claim_and_start_returns_only_once_its_commit_is_flushed(pg_databa
 
 @pytest.fixture
 async def running_worker(database_url: str) -> AsyncIterator[tuple[Store, Worker]]:
-    backends = await open_backends(Settings(database_url=database_url))
+    backends = await open_backends(Settings.of(database_url=database_url))
     store = backends.jobs
     config = WorkerConfig(concurrency=4, heartbeat_s=1, claim_ttl_s=5, poll_s=POLL_FLOOR_S, write_linger_s=0)
     from tenure.demos.examples import app
@@ -115,7 +116,7 @@ async def test_jobs_submitted_one_at_a_time_are_picked_up_without_the_poll_floor
 async def test_the_writer_lingers_only_while_other_jobs_run(database_url: str) -> None:
     """A finish waits `write_linger_s` for company only if another job is still running; alone, it is written
     at once. The linger here (4 s) is far longer than any round trip, so both sides are plain to see."""
-    backends = await open_backends(Settings(database_url=database_url))
+    backends = await open_backends(Settings.of(database_url=database_url))
     store = backends.jobs
     linger = 4.0
     config = WorkerConfig(concurrency=4, heartbeat_s=1, claim_ttl_s=5, poll_s=0.2, write_linger_s=linger)

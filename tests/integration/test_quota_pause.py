@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tenure.app import connect
 from tenure.contracts.states import JobState
+from tenure.local import connect
 from tests.integration.procs import WorkerProc, eventually
 from tests.integration.test_observability import Samples, metrics_url, scrape, value
 

@@ -22,11 +22,12 @@ from pathlib import Path
 
 import pytest
 
-from tenure.app import LocalClient, connect, open_backends
+from tenure.app import open_backends
 from tenure.backends.redis import RedisLeases
 from tenure.contracts.states import JobState
 from tenure.contracts.store import Leases, line_key, ticket_holder
 from tenure.control.admission import JobRequest
+from tenure.local import LocalClient, connect
 from tenure.settings import Settings
 from tests.conftest import drop_pg_schema, new_pg_schema, pg_url
 from tests.integration.mockmodel import start_mock_model, stop_process
@@ -97,7 +98,7 @@ async def lease_backend(backend: str, tmp_path: Path) -> AsyncIterator[tuple[str
 @asynccontextmanager
 async def store_leases(database_url: str) -> AsyncIterator[Leases]:
     """The store's own leases table, as a process's `Backends` reads it."""
-    backends = await open_backends(Settings(database_url=database_url), migrate=False)
+    backends = await open_backends(Settings.of(database_url=database_url), migrate=False)
     try:
         yield backends.leases
     finally:
@@ -123,7 +124,7 @@ async def test_slots_of_a_sigkilled_worker_are_taken_up_within_ttl_plus_a_heartb
         fleet = Fleet(database_url, tmp_path, env, [])
         tries: list[tuple[float, list[str]]] = []
         # 600 waiting jobs are over the default cap (500), which tenure.connect meets like the gateway.
-        caps = Settings(database_url=database_url, max_queued=1000, max_queued_per_tenant=1000)
+        caps = Settings.of(database_url=database_url, max_queued=1000, max_queued_per_tenant=1000)
         async with connect("tenure.demos.examples:app", settings=caps) as client, store_leases(database_url) as own:
             leases: Leases = redis_leases or own
             await client.submit_many([JobRequest("chat", {"prompt": f"job {i}", "max_tokens": 8}) for i in range(600)])

@@ -362,7 +362,7 @@ async def test_without_redis_waiters_in_other_processes_are_woken_by_a_notify_no
     from tenure.settings import Settings
     from tests.conftest import PG_BASE
 
-    await (await open_backends(Settings(database_url=pg_database_url))).close()  # migrated
+    await (await open_backends(Settings.of(database_url=pg_database_url))).close()  # migrated
     leases = [await PostgresLeases.connect(pg_database_url) for _ in range(2)]
     prefix = f"t{namespace[:8]}:"
     channels = [PostgresChannel(pg_database_url, prefix=prefix) for _ in range(2)]
@@ -399,7 +399,7 @@ async def test_waiters_poll_at_least_once_a_heartbeat(tmp_path: Path, with_redis
     from tenure.app import open_backends, open_quotas
     from tenure.settings import Settings
 
-    settings = Settings(
+    settings = Settings.of(
         database_url=f"sqlite:///{tmp_path}/q.db",
         heartbeat_s=0.125,
         claim_ttl_s=0.5,
@@ -408,8 +408,8 @@ async def test_waiters_poll_at_least_once_a_heartbeat(tmp_path: Path, with_redis
     )
     backends = await open_backends(settings)
     try:
-        async with open_quotas(settings, backends, settings.claim_ttl_s) as quotas:
-            assert quotas.poll_s <= settings.heartbeat_s
+        async with open_quotas(settings, backends) as quotas:
+            assert quotas.poll_s <= settings.worker.heartbeat_s
     finally:
         await backends.close()
 

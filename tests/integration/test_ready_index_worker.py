@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tenure.app import LocalClient, connect
 from tenure.contracts.states import JobState
+from tenure.local import LocalClient, connect
 from tenure.settings import Settings
 from tests.integration.procs import WorkerProc, eventually
 from tests.integration.redisproc import RedisProc
@@ -29,7 +29,7 @@ def workers() -> Iterator[list[WorkerProc]]:
 
 
 def _settings(database_url: str, redis: RedisProc, prefix: str) -> Settings:
-    return Settings(database_url=database_url, redis_url=redis.url, redis_prefix=prefix)
+    return Settings.of(database_url=database_url, redis_url=redis.url, redis_prefix=prefix)
 
 
 async def test_with_a_ready_index_queue_wait_and_dispatch_are_observed(

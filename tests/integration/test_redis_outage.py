@@ -12,11 +12,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tenure.app import connect
 from tenure.backends.redis import RedisLeases
 from tenure.contracts.states import JobState
 from tenure.contracts.types import ControlOutcome
 from tenure.control.admission import JobRequest
+from tenure.local import connect
 from tenure.settings import Settings
 from tests.integration.mockmodel import start_mock_model, stop_process
 from tests.integration.procs import FAST, WorkerProc, eventually
@@ -31,7 +31,7 @@ async def test_five_hundred_jobs_survive_a_flushall_and_a_restart_of_redis_none_
 ) -> None:
     env = {"TENURE_REDIS_URL": private_redis.url}
     workers = [WorkerProc(pg_database_url, tmp_path, f"w{i}", concurrency=8, env=env) for i in range(2)]
-    settings = Settings(database_url=pg_database_url, redis_url=private_redis.url)
+    settings = Settings.of(database_url=pg_database_url, redis_url=private_redis.url)
     try:
         async with connect("tenure.demos.examples:app", settings=settings) as client:
             ids = await client.submit_many([JobRequest("sleep", {"seconds": 0.1, "every": 1}) for _ in range(500)])
@@ -162,7 +162,7 @@ async def test_a_submit_does_not_wait_for_a_ready_index_that_stopped_answering(s
 
     server = await asyncio.start_server(swallow, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
-    settings = Settings(database_url=sqlite_database_url, redis_url=f"redis://127.0.0.1:{port}/0")
+    settings = Settings.of(database_url=sqlite_database_url, redis_url=f"redis://127.0.0.1:{port}/0")
     try:
         async with connect("tenure.demos.examples:app", settings=settings) as client:
             began = asyncio.get_running_loop().time()

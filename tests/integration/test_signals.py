@@ -15,12 +15,13 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from tenure.app import connect, open_backends
+from tenure.app import open_backends
 from tenure.backends.redis import RedisChannel
 from tenure.contracts.errors import LeasesUnavailable
 from tenure.contracts.states import JobState
 from tenure.contracts.store import Backends, Signals, Store
 from tenure.contracts.types import ControlOutcome, EventNotice, Start, new_id
+from tenure.local import connect
 from tenure.settings import Settings
 from tests.conftest import PG_BASE
 from tests.contract.test_store import submit
@@ -31,7 +32,7 @@ from tests.integration.redisproc import RedisProc
 @pytest.fixture
 async def stores(database_url: str, private_redis: RedisProc) -> AsyncIterator[tuple[Backends, Backends]]:
     """Two stores on one database and one Redis, as two processes would have: a writer and a reader."""
-    settings = Settings(
+    settings = Settings.of(
         database_url=database_url, redis_url=private_redis.url, redis_prefix=f"tenure-test:{uuid.uuid4().hex}:"
     )
     writer = await open_backends(settings)
@@ -111,7 +112,7 @@ async def test_events_are_notified_only_without_redis_and_while_a_listener_holds
     await listener.add_listener("tenure_events", lambda *args: bodies.append(args[-1]))
     try:
         with_redis = await open_backends(
-            Settings(
+            Settings.of(
                 database_url=pg_database_url, redis_url=private_redis.url, redis_prefix=f"tenure-test:{uuid.uuid4().hex}:"
             )
         )
@@ -126,7 +127,7 @@ async def test_events_are_notified_only_without_redis_and_while_a_listener_holds
             await asyncio.sleep(0.5)
         finally:
             await with_redis.close()
-        without = await open_backends(Settings(database_url=pg_database_url), migrate=False)
+        without = await open_backends(Settings.of(database_url=pg_database_url), migrate=False)
         try:
             # Nobody streams events yet: no NOTIFY either (writers notify only while a listener holds a lease).
             unheard = await started_job(without.jobs)
@@ -175,7 +176,7 @@ async def test_a_cancel_reaches_a_running_job_over_redis_long_before_a_heartbeat
         "TENURE_POLL_S": "1",
     }
     worker = WorkerProc(pg_database_url, tmp_path, "w", env=env)
-    settings = Settings(database_url=pg_database_url, redis_url=private_redis.url)
+    settings = Settings.of(database_url=pg_database_url, redis_url=private_redis.url)
     try:
         async with connect("tenure.demos.examples:app", settings=settings) as client:
             job_id = (await client.submit("sleep", {"seconds": 120, "every": 10})).job.id
@@ -198,8 +199,8 @@ async def test_an_owner_listens_for_jobs_and_commands_on_one_connection_and_reco
     """Without Redis a worker's store LISTENs on tenure_jobs and tenure_control over one connection (a NOTIFY
     wakes every listening backend of the database); when that backend is killed, the owner is told to check
     every job, and both wake-ups work again."""
-    owner = await open_backends(Settings(database_url=pg_database_url))
-    other_process = await open_backends(Settings(database_url=pg_database_url), migrate=False)
+    owner = await open_backends(Settings.of(database_url=pg_database_url))
+    other_process = await open_backends(Settings.of(database_url=pg_database_url), migrate=False)
     other = other_process.jobs
     admin = await asyncpg.connect(PG_BASE)
     try:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tenure.app import connect
 from tenure.contracts.states import JobState
+from tenure.local import connect
 from tests.integration.procs import WorkerProc
 
 pytestmark = pytest.mark.slow

@@ -28,7 +28,7 @@ def _sqlite_shape(path: Path) -> list[tuple[str, str, str]]:
 
 
 async def test_sqlite_migrations_equal_the_schema_file(tmp_path: Path) -> None:
-    backends = await open_backends(Settings(database_url=f"sqlite:///{tmp_path}/migrated.db"))
+    backends = await open_backends(Settings.of(database_url=f"sqlite:///{tmp_path}/migrated.db"))
     await backends.close()
     schema = resources.files("tenure.backends.sqlite").joinpath("schema.sql").read_text()
     db = sqlite3.connect(tmp_path / "schema.db")
@@ -55,7 +55,7 @@ ORDER BY 1, 2
 async def test_postgres_migrations_equal_the_schema_file() -> None:
     migrated, fresh = await new_pg_schema(), await new_pg_schema()
     try:
-        backends = await open_backends(Settings(database_url=pg_url(migrated)))
+        backends = await open_backends(Settings.of(database_url=pg_url(migrated)))
         await backends.close()
         schema = resources.files("tenure.backends.postgres").joinpath("schema.sql").read_text()
         conn = await asyncpg.connect(PG_BASE, server_settings={"search_path": fresh})

@@ -15,8 +15,8 @@ from tenure.contracts.types import Event, Execution, Job, new_id
 from tenure.gateway.auth import Auth
 from tenure.gateway.cors import SCOPE_KEY, AccessToken, access_token, parse_origins
 from tenure.gateway.ui.labs import CATALOG
-from tenure.gateway.ui.routes import _ticket_since, epoch_history, id_range, throughput_chart
 from tenure.gateway.ui.sessions import COOKIE, Sessions, parse_secret, parse_session_s
+from tenure.gateway.ui.views import _ticket_since, epoch_history, id_range, throughput_chart
 
 SECRET = b"s" * 32
 AUTH = Auth.from_settings(

@@ -36,3 +36,13 @@ def test_public_api_is_exactly_what_all_names() -> None:
     assert set(tenure.__all__) == public - modules
     for name in tenure.__all__:
         assert getattr(tenure, name) is not None
+
+
+def test_importing_tenure_loads_no_database_or_redis_driver() -> None:
+    """An agent module imports `tenure` only: the client side (and with it the drivers) loads on first use."""
+    import subprocess
+    import sys
+
+    code = "import tenure, sys; assert not {'asyncpg', 'redis'} & set(sys.modules), sorted(sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]

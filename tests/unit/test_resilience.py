@@ -13,7 +13,8 @@ import pytest
 
 from tenure.backends.postgres._connections import translate
 from tenure.contracts.errors import StoreUnavailable
-from tenure.contracts.types import Claim, Fence, HeartbeatReply, clean_text, describe_error, dumps
+from tenure.contracts.text import clean_text, describe_error, dumps
+from tenure.contracts.types import Claim, Fence, HeartbeatReply
 from tenure.worker.config import WorkerConfig
 from tenure.worker.duties import keep_running as _keep_running
 from tenure.worker.health import Health

@@ -8,12 +8,12 @@ from tenure.settings import Settings
 
 def test_defaults_are_the_documented_ones() -> None:
     s = Settings.from_env({})
-    assert (s.database_url, s.heartbeat_s, s.claim_ttl_s) == ("sqlite:///./tenure.db", 5.0, 15.0)
+    assert (s.store.database_url, s.worker.heartbeat_s, s.worker.claim_ttl_s) == ("sqlite:///./tenure.db", 5.0, 15.0)
 
 
 def test_environment_is_typed_and_flags_override_it() -> None:
     s = Settings.from_env({"TENURE_HEARTBEAT_S": "2", "TENURE_CLAIM_TTL_S": "6", "TENURE_CONCURRENCY": "4"}, concurrency=8)
-    assert (s.heartbeat_s, s.claim_ttl_s, s.concurrency) == (2.0, 6.0, 8)
+    assert (s.worker.heartbeat_s, s.worker.claim_ttl_s, s.worker.concurrency) == (2.0, 6.0, 8)
 
 
 @pytest.mark.parametrize(

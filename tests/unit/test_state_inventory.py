@@ -100,14 +100,15 @@ ALLOWED: dict[str, str] = {
     "tenure.gateway.openapi._MODELS": CONSTANT,
     "tenure.gateway.openapi._JOB_ID": CONSTANT,
     "tenure.kernel.registry.Tenure._agents": CONSTANT,  # filled by decorators at import, read afterwards
-    "tenure.settings._PARSERS": CONSTANT,
+    "tenure.settings._TABLE": CONSTANT,
+    "tenure._LAZY": CONSTANT,  # the lazily loaded client side: name -> module
     "tenure.worker.claiming.OneStepClaimer._agents": CONSTANT,
     "tenure.worker.claiming.ReadyIndexHints._agents": CONSTANT,
     "tenure.worker.claiming.WorkerQuotaGate._by_key": CONSTANT,
     "tenure.worker.claiming.WorkerQuotaGate._plain": CONSTANT,
     "tenure.worker.observe.WorkerObserver._unwatch": CONSTANT,  # unwatch callbacks, run once at close
     # -- scoped to one call, request, stream or execution
-    "tenure.control.quotas.ExecutionQuotas.blocks": SCOPED,  # one execution's quota blocks
+    "tenure.control.quota_blocks.ExecutionQuotas.blocks": SCOPED,  # one execution's quota blocks
     "tenure.demos.examples._http": SCOPED,  # the example app's own HTTP client (not the runtime's)
     "tenure.gateway.problems.Problem.headers": SCOPED,  # one response
     "tenure.gateway.streams.Subscription._pending": SCOPED,  # one client stream

@@ -36,7 +36,8 @@ from tenure.contracts.errors import (
 )
 from tenure.contracts.ready import ReadyHint, ReadyIndex
 from tenure.contracts.store import Store
-from tenure.contracts.types import DEFAULT_TENANT, AgentSpec, Enqueued, Job, NewJob, check_replay, holds_nul, new_id
+from tenure.contracts.text import holds_nul
+from tenure.contracts.types import DEFAULT_TENANT, AgentSpec, Enqueued, Job, NewJob, check_replay, new_id
 from tenure.control.gate import CircuitOpen, Gate, GateConfig, GateObserver, QueueFull
 from tenure.control.models import KEY, TENANT, JobSpec, check, shown, validated
 

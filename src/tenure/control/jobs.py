@@ -16,7 +16,8 @@ from typing import Any, Protocol
 from tenure.contracts.errors import NotFound
 from tenure.contracts.states import JobState
 from tenure.contracts.store import Store
-from tenure.contracts.types import ControlOutcome, Event, Job, JobFilter, WorkerInfo, dumps, is_uuid
+from tenure.contracts.text import dumps
+from tenure.contracts.types import ControlOutcome, Event, Job, JobFilter, WorkerInfo, is_uuid
 from tenure.control.admission import Admission, Admitted, JobRequest
 from tenure.control.models import ApprovalBody, InputBody, shown, validated
 

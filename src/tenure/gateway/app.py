@@ -34,7 +34,8 @@ from tenure.contracts.errors import TenureError
 from tenure.contracts.ready import ReadyIndex
 from tenure.contracts.states import JobState
 from tenure.contracts.store import Backends
-from tenure.contracts.types import AgentSpec, ControlOutcome, Job, JobFilter, dumps, is_uuid
+from tenure.contracts.text import dumps
+from tenure.contracts.types import AgentSpec, ControlOutcome, Job, JobFilter, is_uuid
 from tenure.control.admission import ENVELOPE_DEPTH, Admission, AdmissionLimits, parse_json
 from tenure.control.gate import GateConfig
 from tenure.control.jobs import MAX_WAIT_S, JobsService

@@ -23,7 +23,8 @@ from typing import Any
 from starlette.websockets import WebSocket
 
 from tenure.contracts.errors import TenureError
-from tenure.contracts.types import ControlOutcome, dumps
+from tenure.contracts.text import dumps
+from tenure.contracts.types import ControlOutcome
 from tenure.control.admission import ENVELOPE_DEPTH, InvalidJSON, parse_json
 from tenure.control.jobs import JobsService
 from tenure.control.models import SubmitFrame, shown, validated

@@ -40,7 +40,7 @@ from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar
 
 from tenure.contracts.errors import AdapterClosed, AdapterOverloaded, AdapterSlotLost, ConfigError, HandlerAborted
-from tenure.contracts.types import describe_error
+from tenure.contracts.text import describe_error
 
 __all__ = ["BlockingAdapter", "ProcessAdapter"]
 

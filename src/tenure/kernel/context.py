@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol, TypeVar
 
-from tenure.contracts.types import clean_text, dumps
+from tenure.contracts.text import clean_text, dumps
 
 T = TypeVar("T")
 

@@ -44,10 +44,13 @@ class WorkerConfig:
     cancel_grace_s: float = 5.0
 
     def __post_init__(self) -> None:
-        # The same rule as settings.py, for workers built from Python: a heartbeat that is late once (a
-        # busy loop, a slow round trip) must not cost the claims. The tolerance absorbs 3 * 0.1 != 0.3.
+        # The one copy of the rule (settings.py builds this section): a heartbeat that is late once (a busy loop,
+        # a slow round trip) must not cost the claims. The tolerance absorbs 3 * 0.1 != 0.3.
         if self.claim_ttl_s < 3 * self.heartbeat_s - 1e-9:
-            raise ConfigError(f"claim_ttl_s ({self.claim_ttl_s:g}) must be at least 3 heartbeats (3 x {self.heartbeat_s:g})")
+            raise ConfigError(
+                f"the claim TTL (TENURE_CLAIM_TTL_S, claim_ttl_s: {self.claim_ttl_s:g}) must be at least 3 heartbeats "
+                f"(3 × TENURE_HEARTBEAT_S = {3 * self.heartbeat_s:g}): one late heartbeat must not lose a job"
+            )
         if self.claim_mode not in CLAIM_MODES:
             raise ConfigError(f"claim_mode must be one of {', '.join(CLAIM_MODES)}, not {self.claim_mode!r}")
 

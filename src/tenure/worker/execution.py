@@ -35,8 +35,10 @@ from tenure.contracts.errors import (
 )
 from tenure.contracts.states import JobState
 from tenure.contracts.store import Store
-from tenure.contracts.types import Claim, Command, Finish, NewEvent, Started, describe_error, dumps
-from tenure.control.quotas import ExecutionQuotas, QuotaManager
+from tenure.contracts.text import describe_error, dumps
+from tenure.contracts.types import Claim, Command, Finish, NewEvent, Started
+from tenure.control.quota_blocks import ExecutionQuotas
+from tenure.control.quotas import QuotaManager
 from tenure.control.retry import backoff_s
 from tenure.kernel.blocking import BlockingAdapter, ProcessAdapter
 from tenure.kernel.context import Context

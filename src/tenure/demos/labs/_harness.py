@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import tenure
-from tenure.app import LocalClient, connect, open_backends
+from tenure.app import open_backends
 from tenure.contracts.store import Leases
+from tenure.local import LocalClient, connect
 from tenure.settings import Settings
 
 APP = "tenure.demos.labs.agents:app"
@@ -73,7 +74,7 @@ class Harness:
         return round(time.time() - self.t0, 3)
 
     def settings(self) -> Settings:
-        return Settings(
+        return Settings.of(
             database_url=self.database_url,
             app=APP,
             heartbeat_s=self.heartbeat_s,

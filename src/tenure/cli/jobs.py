@@ -1,0 +1,231 @@
+"""The `tenure` commands about jobs: submit, tail, cancel, approve (through a gateway or the store), jobs, job,
+events, requeue, workers."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+from typing import Any
+
+from tenure.cli._common import (
+    follow,
+    gateway_client,
+    gateway_url,
+    out,
+    print_event,
+    print_job,
+    read_input,
+    settings_of,
+    ts,
+    with_client,
+)
+from tenure.contracts.errors import ConfigError, NotFound
+from tenure.contracts.states import JobState
+from tenure.local import LocalClient, connect
+
+
+async def cmd_submit(args: argparse.Namespace) -> int:
+    payload = read_input(args.input)
+    url = gateway_url(args)
+    if url is not None:
+        return await _submit_via_gateway(args, url, payload)
+    if args.follow:
+        raise ConfigError("--follow streams from a gateway: give --url or TENURE_URL (or use --wait)")
+
+    async def go(client: LocalClient) -> int:
+        # The one admission door: a local submit is held to the caps and circuits (TENURE_MAX_QUEUED, ...) too.
+        admitted = await client.submit(
+            args.agent,
+            payload,
+            idempotency_key=args.idempotency_key,
+            priority=args.priority,
+            requires=args.requires.split(",") if args.requires else (),
+            deadline_s=args.deadline_s,
+            max_attempts=args.max_attempts,
+        )
+        job_id = admitted.job.id
+        if not args.wait:
+            out(args, {"id": job_id}, lambda: print(job_id))
+            return 0
+        job = await client.wait(job_id, args.timeout)
+        out(args, job.to_dict(), lambda: print_job(job))
+        return 0 if job.state is JobState.SUCCEEDED else 1
+
+    return await with_client(args, go)
+
+
+async def _submit_via_gateway(args: argparse.Namespace, url: str, payload: Any) -> int:
+    async with gateway_client(url) as client:
+        admitted = await client.submit(
+            args.agent,
+            payload,
+            idempotency_key=args.idempotency_key,
+            priority=args.priority,
+            requires=args.requires.split(",") if args.requires else None,
+            deadline_s=args.deadline_s,
+            max_attempts=args.max_attempts,
+        )
+        job_id = admitted.job.id
+        if args.follow:
+            if not args.json:
+                print(f"job {job_id} ({'new' if admitted.created else 'existing, same idempotency key'})", flush=True)
+            last = await follow(client, job_id, None, args.json)
+            return 0 if last == "job.succeeded" else 1
+        if args.wait:
+            job = await client.wait(job_id, args.timeout)
+            out(args, job.to_dict(), lambda: print(json.dumps(job.to_dict(), indent=2)))
+            return 0 if job.state is JobState.SUCCEEDED else 1
+        out(args, {"id": job_id}, lambda: print(job_id))
+        return 0
+
+
+async def cmd_jobs(args: argparse.Namespace) -> int:
+    async def go(client: LocalClient) -> int:
+        state = JobState(args.state) if args.state else None
+        jobs = await client.jobs(state=state, agent=args.agent, limit=args.limit, before=args.before)
+
+        def human() -> None:
+            print(f"{'ID':36}  {'AGENT':18}  {'STATE':9}  {'EPOCH':>5}  {'ATT':>5}  {'CREATED':12}  ERROR")
+            for j in jobs:
+                err = f"{j.error_code}: {j.error_message}" if j.error_code else ""
+                print(
+                    f"{j.id:36}  {j.agent:18.18}  {j.state.value:9}  {j.epoch:>5}  "
+                    f"{j.attempts:>2}/{j.max_attempts:<2}  {ts(j.created_at):12}  {err}"
+                )
+
+        out(args, [j.to_dict() for j in jobs], human)
+        return 0
+
+    return await with_client(args, go)
+
+
+async def cmd_job(args: argparse.Namespace) -> int:
+    async def go(client: LocalClient) -> int:
+        job = await client.job(args.id)
+        executions = await client.store.list_executions(job.id)
+        data = job.to_dict() | {"executions": [e.__dict__ if hasattr(e, "__dict__") else _slots(e) for e in executions]}
+
+        def human() -> None:
+            print_job(job)
+            for e in executions:
+                print(
+                    f"execution  {e.id}  epoch {e.epoch}  {e.outcome:9}  worker {e.worker_id}  "
+                    f"{ts(e.started_at)} → {ts(e.ended_at)}"
+                )
+
+        out(args, data, human)
+        return 0
+
+    return await with_client(args, go)
+
+
+def _slots(obj: Any) -> dict[str, Any]:
+    return {k: getattr(obj, k) for k in obj.__slots__}
+
+
+async def cmd_events(args: argparse.Namespace) -> int:
+    async def go(client: LocalClient) -> int:
+        events = await client.events(args.id, args.after, args.limit)
+
+        def human() -> None:
+            for e in events:
+                print(f"{e.cursor:>8}  {ts(e.ts)}  {e.type:20}  {json.dumps(e.payload)}")
+
+        out(args, [e.to_dict() for e in events], human)
+        return 0
+
+    return await with_client(args, go)
+
+
+async def cmd_requeue(args: argparse.Namespace) -> int:
+    async def go(client: LocalClient) -> int:
+        job = await client.requeue(args.id)
+        out(args, job.to_dict(), lambda: print(f"requeued {job.id} ({job.agent}); it is {job.state.value}"))
+        return 0
+
+    return await with_client(args, go)
+
+
+async def cmd_workers(args: argparse.Namespace) -> int:
+    async def go(client: LocalClient) -> int:
+        workers = await client.workers(include_gone=args.all)
+
+        def human() -> None:
+            print(f"{'ID':40}  {'HOST':16}  {'PID':>7}  {'STATE':9}  {'SLOTS':>5}  {'HEARTBEAT':12}  JOBS HELD")
+            for w in workers:
+                print(
+                    f"{w.id:40}  {w.host:16.16}  {w.pid:>7}  {w.state.value:9}  {w.concurrency:>5}  "
+                    f"{ts(w.last_heartbeat):12}  {len(w.jobs_held)}"
+                )
+
+        out(args, [w.to_dict() for w in workers], human)
+        return 0
+
+    return await with_client(args, go)
+
+
+async def cmd_tail(args: argparse.Namespace) -> int:
+    url = gateway_url(args)
+    if url is not None:
+        async with gateway_client(url) as client:
+            last = await follow(client, args.id, args.after, args.json)
+            return 0 if last == "job.succeeded" else 1
+
+    async def go(client: LocalClient) -> int:  # no gateway: poll the history in the store
+        after, last = args.after, None
+        while True:
+            events = await client.events(args.id, after, 1000)
+            for e in events:
+                if args.json:
+                    print(json.dumps(e.to_dict()), flush=True)
+                else:
+                    print_event(e)
+                after, last = e.cursor, e.type
+            if not events:
+                job = await client.job(args.id)
+                if job.state.terminal and last is not None and last.startswith("job."):
+                    return 0 if job.state is JobState.SUCCEEDED else 1
+                await asyncio.sleep(0.2)
+
+    return await with_client(args, go)
+
+
+async def cmd_cancel(args: argparse.Namespace) -> int:
+    url = gateway_url(args)
+    outcome: str
+    if url is not None:
+        from tenure.client import GatewayError
+
+        async with gateway_client(url) as client:
+            try:
+                outcome = await client.cancel(args.id, wait=args.wait)
+            except GatewayError as exc:
+                if exc.status != 404:
+                    raise
+                outcome = "unknown"
+    else:
+        async with connect(settings=settings_of(args)) as local:
+            try:
+                outcome = await local.cancel(args.id, wait=args.wait)
+            except NotFound:
+                outcome = "unknown"
+    out(args, {"id": args.id, "outcome": outcome}, lambda: print(outcome))
+    return 1 if outcome == "unknown" else 0
+
+
+async def cmd_approve(args: argparse.Namespace) -> int:
+    approved = not args.reject
+    url = gateway_url(args)
+    outcome: str
+    if url is not None:
+        async with gateway_client(url) as client:
+            outcome = await client.approve(args.id, approved, args.comment)
+    else:
+        async with connect(settings=settings_of(args)) as local:
+            try:
+                outcome = await local.approve(args.id, approved, args.comment)
+            except NotFound:
+                outcome = "unknown"
+    out(args, {"id": args.id, "outcome": outcome}, lambda: print(outcome))
+    return 0 if outcome in ("requested", "accepted") else 1

@@ -1,0 +1,137 @@
+"""Submit and inspect jobs directly against the store, through the same admission door as the gateway:
+
+    async with tenure.connect(app, "postgresql://...") as client:
+        admitted = await client.submit("summarize", {"text": "..."}, idempotency_key="req-42")
+        job = await client.wait(admitted.job)
+
+`LocalClient` is a `JobsClient`: `tenure.client.Client` (over HTTP) answers with the same types.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
+
+from tenure.contracts.errors import NotFound
+from tenure.contracts.states import JobState
+from tenure.contracts.store import JobStore
+from tenure.contracts.types import DEFAULT_TENANT, ControlOutcome, Event, Job, JobFilter, WorkerInfo, parse_cursor
+from tenure.control.admission import Admission, Admitted, JobRequest
+from tenure.control.jobs import JobRef, JobsClient, JobsService, ref_id
+from tenure.kernel.registry import Tenure
+from tenure.settings import Settings
+
+
+class LocalClient:
+    """Submit and inspect jobs directly against the store (no gateway in between), through the same admission
+    door as the gateway (caps and circuits included). A `JobsClient`: `tenure.client.Client` answers alike."""
+
+    def __init__(self, store: JobStore, admission: Admission) -> None:
+        self.store = store
+        self.admission = admission
+        self.service = JobsService(store, admission)
+
+    async def submit(
+        self,
+        agent: str,
+        input: Any = None,
+        *,
+        idempotency_key: str | None = None,
+        priority: int | None = None,
+        requires: Sequence[str] = (),
+        deadline_s: float | None = None,
+        max_attempts: int | None = None,
+        tenant: str = DEFAULT_TENANT,
+    ) -> Admitted:
+        """Admit one job: the job as admitted (the original one when the idempotency key was seen, `created`
+        False). Over a queue cap raises `QueueFull`, while the agent's circuit is open `CircuitOpen`."""
+        req = JobRequest(agent, input, priority, requires, deadline_s, max_attempts, idempotency_key, tenant)
+        return await self.service.submit(req)
+
+    async def submit_many(self, requests: Sequence[JobRequest]) -> list[str]:
+        """Admit a batch in one round trip and return the job ids; all are validated, and the caps checked for
+        the whole batch, before any is written."""
+        return [a.job.id for a in await self.service.submit_many(requests)]
+
+    async def job(self, job_id: JobRef, tenant: str | None = None) -> Job:
+        """One job, or `NotFound`."""
+        return await self.service.job(ref_id(job_id), tenant)
+
+    async def jobs(
+        self,
+        *,
+        state: JobState | str | None = None,
+        agent: str | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+        before: str | None = None,
+        tenant: str | None = None,
+    ) -> list[Job]:
+        """Jobs, newest first; `cursor` (or its older name `before`) is the id of the last job of the previous
+        page."""
+        state = JobState(state) if isinstance(state, str) else state
+        return await self.service.jobs(JobFilter(tenant, state, agent, cursor or before, limit))
+
+    async def events(self, job_id: JobRef, after: str | None = None, limit: int = 1000) -> list[Event]:
+        """One page of the job's history after the cursor `after` (`EPOCH-SEQ`)."""
+        return await self.service.events(ref_id(job_id), None, parse_cursor(after) if after else None, limit)
+
+    async def cancel(self, job_id: JobRef, *, wait: float | None = None) -> ControlOutcome:
+        """Cancel: `requested`, `accepted` or `already_finished` (`NotFound` for no such job)."""
+        return _known(job_id, await self.service.cancel(ref_id(job_id), None, wait or 0.0))
+
+    async def send_input(self, job_id: JobRef, input: Any) -> ControlOutcome:
+        """Persist an input for the job's `ctx.next_input()` (`NotFound` for no such job)."""
+        return _known(job_id, await self.service.send_input(ref_id(job_id), {"input": input}))
+
+    async def approve(self, job_id: JobRef, approved: bool = True, comment: str | None = None) -> ControlOutcome:
+        """Persist an approval for the job's `ctx.approval(prompt)` (`NotFound` for no such job)."""
+        body = {"approved": approved, "comment": comment}
+        return _known(job_id, await self.service.approve(ref_id(job_id), body))
+
+    async def requeue(self, job_id: JobRef) -> Job:
+        """Put a finished job back in the queue (an operator's command)."""
+        return await self.service.requeue(ref_id(job_id))
+
+    async def workers(self, include_gone: bool = False) -> list[WorkerInfo]:
+        """The registry."""
+        return await self.service.workers(include_gone)
+
+    async def wait(self, job_id: JobRef, timeout_s: float | None = None, poll_s: float = 0.05) -> Job:
+        """Poll until the job reaches a terminal state (or raise TimeoutError)."""
+        async with asyncio.timeout(timeout_s):
+            while True:
+                job = await self.job(job_id)
+                if job.state.terminal:
+                    return job
+                await asyncio.sleep(poll_s)
+
+
+if TYPE_CHECKING:  # mypy holds LocalClient to the one client shape
+
+    def _is_a_jobs_client(client: LocalClient) -> JobsClient:
+        return client
+
+
+def _known(job_id: JobRef, outcome: ControlOutcome) -> ControlOutcome:
+    if outcome is ControlOutcome.UNKNOWN:
+        raise NotFound(f"no job {ref_id(job_id)}")
+    return outcome
+
+
+@asynccontextmanager
+async def connect(
+    app: Tenure | str | None = None, database_url: str | None = None, settings: Settings | None = None
+) -> AsyncIterator[LocalClient]:
+    """Open a `LocalClient` on the configured store. `app` (or `TENURE_APP`) defines the admissible agents; the
+    caps and circuit breakers are those of the settings (`TENURE_MAX_QUEUED`, `TENURE_BREAKER_*`), as at the
+    gateway."""
+    from tenure.app import Runtime
+
+    settings = settings or Settings.from_env()
+    if database_url is not None:
+        settings = settings.replace(database_url=database_url)
+    async with Runtime.open(settings, app) as runtime:
+        yield runtime.client()
