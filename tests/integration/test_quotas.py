@@ -17,6 +17,7 @@ from tenure.backends.redis import RedisChannel, RedisLeases
 from tenure.contracts.errors import LeaseLost, QuotaExhausted, QuotaUnavailable
 from tenure.contracts.quotas import QuotaSpec
 from tenure.contracts.store import LeaseRef, Leases
+from tenure.control.quota_blocks import ExecutionQuotas
 from tenure.control.quotas import QuotaManager, quota_topic
 from tests.contract.test_leases import BACKENDS, REDIS_URL, establish_lease_state
 
@@ -55,7 +56,7 @@ async def test_wait_false_is_refused_at_once_when_every_slot_is_held(
     open_leases: Callable[[], Awaitable[Leases]],
 ) -> None:
     q = manager(await open_leases(), limit=2)
-    a, b, c = (q.for_execution(x) for x in "abc")
+    a, b, c = (ExecutionQuotas(q, x) for x in "abc")
     async with a.quota("llm:m"), b.quota("llm:m", wait=False):
         with pytest.raises(QuotaExhausted) as refused:
             async with c.quota("llm:m", wait=False):
@@ -71,9 +72,9 @@ async def test_a_wait_that_times_out_raises_quota_exhausted_and_leaves_the_line(
     open_leases: Callable[[], Awaitable[Leases]],
 ) -> None:
     q = manager(await open_leases())
-    async with q.for_execution("a").quota("llm:m"):
+    async with ExecutionQuotas(q, "a").quota("llm:m"):
         with pytest.raises(QuotaExhausted):
-            async with q.for_execution("b").quota("llm:m", timeout_s=0.2):
+            async with ExecutionQuotas(q, "b").quota("llm:m", timeout_s=0.2):
                 pytest.fail("got a held slot")
         assert await q.leases.holders("llm:m#wait") == []
 
@@ -83,11 +84,11 @@ async def test_released_slots_go_to_waiters_oldest_first_across_processes(
 ) -> None:
     managers = [manager(await open_leases()) for _ in range(3)]
     order: list[str] = []
-    holding = managers[0].for_execution("first").quota("llm:m")
+    holding = ExecutionQuotas(managers[0], "first").quota("llm:m")
     await holding.__aenter__()
 
     async def wait_then_record(name: str, q: QuotaManager) -> None:
-        async with q.for_execution(name).quota("llm:m", timeout_s=30):
+        async with ExecutionQuotas(q, name).quota("llm:m", timeout_s=30):
             order.append(name)
             await asyncio.sleep(0.01)
 
@@ -113,7 +114,7 @@ async def test_a_lease_lost_at_renewal_cancels_the_holding_block_with_lease_lost
     q = manager(leases)
     reached_after_loss = False
     with pytest.raises(LeaseLost) as caught:
-        async with q.for_execution("x").quota("llm:m"):
+        async with ExecutionQuotas(q, "x").quota("llm:m"):
             await leases.release("llm:m", "x:0")  # e.g. expired and purged while the process was frozen
             assert await q.renew() == [LeaseRef("llm:m", "x:0")]
             await asyncio.sleep(5)  # the upstream call: must not continue
@@ -153,7 +154,7 @@ async def test_the_heartbeat_renewal_keeps_every_held_lease_in_one_call(
             return await leases.release_and_hand_over(key, holder, limit, ttl_s)
 
     q = manager(Counting(), limit=5)  # type: ignore[arg-type]
-    a, b = q.for_execution("a"), q.for_execution("b")
+    a, b = ExecutionQuotas(q, "a"), ExecutionQuotas(q, "b")
     async with a.quota("llm:m"), a.quota("llm:m"), b.quota("llm:m"):
         assert await q.renew() == []
         assert calls == [3]
@@ -164,11 +165,11 @@ async def test_pause_gives_every_slot_back_and_resume_takes_them_again(
     open_leases: Callable[[], Awaitable[Leases]],
 ) -> None:
     q = manager(await open_leases())
-    approver = q.for_execution("approver")
+    approver = ExecutionQuotas(q, "approver")
     async with approver.quota("llm:m"):
         await approver.pause()  # what ctx.approval() / ctx.next_input() do while waiting
         assert await q.leases.holders("llm:m") == []
-        async with q.for_execution("other").quota("llm:m", wait=False):
+        async with ExecutionQuotas(q, "other").quota("llm:m", wait=False):
             resumed = asyncio.create_task(approver.resume())
             await asyncio.sleep(0.1)
             assert not resumed.done(), "resume must wait for a free slot"
@@ -216,12 +217,12 @@ async def test_fail_closed_raises_quota_unavailable_and_short_circuits_the_dead_
     try:
         q = QuotaManager(dead, {"k": QuotaSpec("k", 3)}, ttl_s=TTL, breaker_s=30)  # type: ignore[arg-type]
         with pytest.raises(QuotaUnavailable):
-            async with q.for_execution("a").quota("k"):
+            async with ExecutionQuotas(q, "a").quota("k"):
                 pytest.fail("ran without a lease on a fail-closed key")
         calls = dead.calls
         for name in "bcd":
             with pytest.raises(QuotaUnavailable):
-                async with q.for_execution(name).quota("k", wait=False):
+                async with ExecutionQuotas(q, name).quota("k", wait=False):
                     pytest.fail("ran without a lease on a fail-closed key")
         assert dead.calls == calls, "the short circuit should keep callers off the dead backend"
         assert q.rejected["k"] == 4
@@ -236,7 +237,7 @@ async def test_fail_open_lets_the_call_through_unleased_and_counts_it() -> None:
         q = QuotaManager(dead, {"k": spec}, ttl_s=TTL, breaker_s=30)  # type: ignore[arg-type]
         ran = 0
         for name in "abc":
-            async with q.for_execution(name).quota("k"):
+            async with ExecutionQuotas(q, name).quota("k"):
                 ran += 1
         assert ran == 3
         assert q.fail_open_admitted["k"] == 3
@@ -253,10 +254,10 @@ async def a_release_wakes_the_waiter_in_the_other_process(
     manager's run() announces its releases."""
     async with asyncio.TaskGroup() as tg:
         listeners = [tg.create_task(q.run()) for q in qs]
-        holder = qs[0].for_execution("a").quota("k")
+        holder = ExecutionQuotas(qs[0], "a").quota("k")
         await holder.__aenter__()
         await subscribed()
-        waiter = tg.create_task(qs[1].for_execution("b").quota("k").__aenter__())
+        waiter = tg.create_task(ExecutionQuotas(qs[1], "b").quota("k").__aenter__())
         while not await leases[0].holders("k#wait"):
             await asyncio.sleep(0.005)
         await holder.__aexit__(None, None, None)
@@ -327,7 +328,7 @@ async def test_a_renewal_that_hangs_past_the_ttl_fences_the_holders_without_wait
 
     q = QuotaManager(Hanging(), {"k": QuotaSpec("k", 1)}, ttl_s=0.5)  # type: ignore[arg-type]
     with pytest.raises(LeaseLost):
-        async with q.for_execution("x").quota("k"):
+        async with ExecutionQuotas(q, "x").quota("k"):
             async with asyncio.timeout(5):  # the renewal gives up at the TTL, long before this
                 await q.renew()
             await asyncio.sleep(5)
@@ -340,14 +341,14 @@ async def test_a_block_that_ends_with_an_error_leaves_its_lease_to_expire_instea
     leases = await open_leases()
     q = QuotaManager(leases, {"k": QuotaSpec("k", 1)}, ttl_s=0.5, poll_s=0.05)
     with pytest.raises(RuntimeError):
-        async with q.for_execution("a").quota("k"):
+        async with ExecutionQuotas(q, "a").quota("k"):
             raise RuntimeError("the stream broke")
     assert q.held == [], "an abandoned lease is no longer renewed"
     assert await leases.holders("k") == ["a:0"]
     with pytest.raises(QuotaExhausted):
-        async with q.for_execution("b").quota("k", wait=False):
+        async with ExecutionQuotas(q, "b").quota("k", wait=False):
             pass
-    async with q.for_execution("c").quota("k", timeout_s=5):  # comes free once the TTL has passed
+    async with ExecutionQuotas(q, "c").quota("k", timeout_s=5):  # comes free once the TTL has passed
         assert await leases.holders("k") == ["c:0"]
 
 
@@ -441,7 +442,7 @@ async def test_a_block_frozen_past_the_ttl_makes_no_call_on_its_lapsed_lease(
     beat: asyncio.Task[None] | None = None
     try:
         with pytest.raises(LeaseLost):
-            async with q.for_execution("x").quota("k"):
+            async with ExecutionQuotas(q, "x").quota("k"):
                 beat = asyncio.create_task(heartbeat())
                 loop.call_later(0.02, time.sleep, FROZEN_TTL * 1.5)  # frozen while connecting to the model
                 await asyncio.sleep(0.1)
@@ -475,7 +476,7 @@ async def test_a_slot_granted_just_before_a_freeze_past_the_ttl_is_not_used_with
             return granted
 
     q = QuotaManager(FrozenAfterTheGrant(), {"k": QuotaSpec("k", 1)}, ttl_s=FROZEN_TTL, poll_s=0.05)  # type: ignore[arg-type]
-    async with q.for_execution("x").quota("k"):
+    async with ExecutionQuotas(q, "x").quota("k"):
         # The upstream call starts here: the slot must be ours on the server now, not only before the freeze.
         assert await leases.holders("k") == ["x:0"], "the block runs on a lease that expired while the process was frozen"
     assert frozen

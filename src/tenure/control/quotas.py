@@ -47,7 +47,6 @@ from tenure.contracts.errors import (
 )
 from tenure.contracts.quotas import QuotaSpec
 from tenure.contracts.store import WAIT_SUFFIX, LeaseRef, Leases, line_key, new_ticket, ticket_holder
-from tenure.control.quota_blocks import ExecutionQuotas
 
 log = logging.getLogger("tenure.quotas")
 
@@ -128,10 +127,6 @@ class QuotaManager:
             known = ", ".join(sorted(self.specs)) or "none"
             raise ConfigError(f"quota {key!r} is not configured (TENURE_QUOTAS / tenure.toml; known: {known})")
         return spec
-
-    def for_execution(self, execution_id: str) -> ExecutionQuotas:
-        """The quotas of one execution; its holder ids are `<execution_id>:<slot>`."""
-        return ExecutionQuotas(self, execution_id)
 
     @property
     def held(self) -> list[LeaseRef]:

@@ -20,7 +20,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -46,12 +46,19 @@ from tenure.gateway.openapi import MAX_EVENTS_PAGE, MAX_LIST, openapi_document
 from tenure.gateway.problems import Problem, from_error
 from tenure.gateway.requests import int_param, parse_cursor_param, parse_job_id, submit_request
 from tenure.gateway.streams import EventHub
-from tenure.gateway.ui.sessions import Sessions
 from tenure.gateway.ws import WsSession
 from tenure.observability import metrics
 from tenure.observability.exposition import metrics_asgi_app
 
 log = logging.getLogger("tenure.gateway")
+
+
+class SessionCheck(Protocol):
+    """The dashboard's cookie sessions as the API sees them (gateway/ui/sessions.py implements it)."""
+
+    def principal(self, request: Request, method: str) -> Principal | None:
+        """The caller a request's session cookie names, if it is valid (and, for a change, carries its token)."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,7 +119,7 @@ class Gateway:
         self.hub = EventHub(store, backends.signals, self.config.sse_idle_s)
         self._on_start = on_start
         self._on_stop = on_stop
-        self.sessions: Sessions | None = None  # the dashboard's cookie sessions, once mounted (mount_ui)
+        self.sessions: SessionCheck | None = None  # the dashboard's cookie sessions, once mounted (mount_ui)
         metrics.QUEUE_CAPACITY.labels("global").set(self.config.gate.max_queued)
         routes = [
             Route("/v1/jobs", self.submit, methods=["POST"]),
@@ -144,7 +151,7 @@ class Gateway:
             middleware=[*cors_middleware(self.config.cors_origins), Middleware(AccessToken)],
         )
 
-    def mount_ui(self, routes: list[BaseRoute], sessions: Sessions) -> None:
+    def mount_ui(self, routes: list[BaseRoute], sessions: SessionCheck) -> None:
         """Serve the dashboard's routes (gateway/ui) beside the API; its session cookie then also authenticates
         the API requests its own pages make (same origin, with the CSRF token for changes)."""
         self.sessions = sessions

@@ -163,7 +163,9 @@ class Execution:
         self.command_seq = 0  # the last command read from the store
         self.commands: list[Command] = []  # read, not yet consumed (another kind than the one awaited)
         self.commands_ready = asyncio.Event()  # set by the control loop when a new command is persisted
-        self.quotas: ExecutionQuotas | None = env.quotas.for_execution(self.execution_id) if env.quotas is not None else None
+        self.quotas: ExecutionQuotas | None = (
+            ExecutionQuotas(env.quotas, self.execution_id) if env.quotas is not None else None
+        )
 
     # -- stopped from outside ----------------------------------------------------------------------------------------
     def lose(self) -> None:
