@@ -24,10 +24,11 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from tenure.contracts.errors import MigrationError
 from tenure.contracts.states import JobState
-from tenure.contracts.types import Finish
+from tenure.contracts.types import Finish, StoreHealth
 
 # -- leases ------------------------------------------------------------------------------------------------------------
 
@@ -143,4 +144,17 @@ def finish_payload(finish: Finish, next_attempt_at: float | None) -> str:
             "error": finish.error_message,
             "next_attempt_at": next_attempt_at,
         }
+    )
+
+
+def store_health(horizon: Any, tables: Sequence[Any]) -> StoreHealth:
+    """A `StoreHealth` from the rows of `health_xmin_horizon` (age_s, holder; none when nothing holds the horizon)
+    and `health_tables` (name, dead, live, bytes)."""
+    age, holder = (0.0, None) if horizon is None else (max(0.0, float(horizon["age_s"])), horizon["holder"])
+    return StoreHealth(
+        age,
+        holder,
+        {r["name"]: int(r["dead"]) for r in tables},
+        {r["name"]: int(r["live"]) for r in tables},
+        {r["name"]: int(r["bytes"]) for r in tables},
     )

@@ -44,6 +44,7 @@ from tenure.contracts.types import (
     NewJob,
     Start,
     Started,
+    StoreHealth,
     SweepReport,
     WorkerInfo,
 )
@@ -202,6 +203,9 @@ class AfterCommit:
 
     async def count_live_jobs(self) -> JobCounts:
         return await self.store.count_live_jobs()
+
+    async def health(self) -> StoreHealth:
+        return await self.store.health()
 
     # -- the gateway's side --------------------------------------------------------------------------------------
     async def admission_state(

@@ -46,6 +46,7 @@ from tenure.contracts.types import (
     NewJob,
     Start,
     Started,
+    StoreHealth,
     SweepReport,
     WorkerInfo,
     new_id,
@@ -240,6 +241,11 @@ class JobStore(Protocol):
     # -- metrics ---------------------------------------------------------------------------------------------------
     async def count_live_jobs(self) -> JobCounts:
         """Unfinished jobs by state and the ready queue by tenant, through indexes only (for metrics)."""
+        ...
+
+    async def health(self) -> StoreHealth:
+        """What holds the store back: the oldest transaction holding back vacuum, dead rows and sizes of its tables
+        (from the database's own statistics: a few catalog reads, never a scan of a table)."""
         ...
 
     # -- the gateway's side: admission counts, control commands ------------------------------------------------------

@@ -4,7 +4,8 @@ sweeper  only while holding the `duty:sweeper` lease (model: River's `internal/m
          release expired pre-start claims, mark lost (or requeue retry-safe) running jobs whose owner
          stopped heartbeating, expire queued jobs past their deadline, move due retries to the queue, mark
          silent workers gone; hint what became claimable to the ready index; and, as the one process that
-         does it, export the registry and the live job counts (`tenure_workers`, `tenure_jobs`).
+         does it, export the registry, the live job counts and the store's health (`tenure_workers`,
+         `tenure_jobs`, `tenure_store_*`: docs/operations.md).
 """
 
 from __future__ import annotations
@@ -40,12 +41,19 @@ class SweeperDuty:
         self._obs = observer
         self._index = ready_index
         self._exported_at = 0.0
+        self._holding = False
 
     async def run(self) -> None:
         cfg = self._config
         while True:
             try:
-                if self._duty is not None and await self._duty.acquire(SWEEPER_DUTY, self._worker_id, 1, cfg.claim_ttl_s):
+                holding = self._duty is not None and await self._duty.acquire(
+                    SWEEPER_DUTY, self._worker_id, 1, cfg.claim_ttl_s
+                )
+                if self._holding and not holding:
+                    self._obs.health_forgotten()  # the new holder says it now; max() across processes is theirs
+                self._holding = holding
+                if holding:
                     await self.sweep_once()
             except StoreUnavailable as exc:
                 log.warning("sweep failed: %s", exc)
@@ -62,6 +70,7 @@ class SweeperDuty:
             self._exported_at = now
             self._obs.registry_seen(await self._store.list_workers(include_gone=False))
             self._obs.jobs_seen(await self._store.count_live_jobs())
+            self._obs.health_seen(await self._store.health())
 
     async def leave(self) -> None:
         """Give the duty up at shutdown, so another worker takes it at once rather than after its TTL."""

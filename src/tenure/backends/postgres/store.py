@@ -44,6 +44,7 @@ from tenure.contracts.types import (
     NewJob,
     Start,
     Started,
+    StoreHealth,
     SweepReport,
     WorkerInfo,
     check_replay,
@@ -394,6 +395,12 @@ class PostgresStore:
         async with self._db.pooled("count_live_jobs") as conn:
             rows = await conn.fetch(Q["count_live_jobs"])
         return JobCounts.from_rows([(r["kind"], r["tenant"], r["n"]) for r in rows])
+
+    async def health(self) -> StoreHealth:
+        async with self._db.pooled("health") as conn:
+            horizon = await conn.fetchrow(Q["health_xmin_horizon"])
+            tables = await conn.fetch(Q["health_tables"])
+        return _rules.store_health(horizon, tables)
 
     # -- the gateway's side ------------------------------------------------------------------------------------------
     async def queue_depth(self, tenant: str) -> tuple[int, int]:

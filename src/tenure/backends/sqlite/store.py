@@ -39,6 +39,7 @@ from tenure.contracts.types import (
     NewJob,
     Start,
     Started,
+    StoreHealth,
     SweepReport,
     WorkerInfo,
     check_replay,
@@ -374,6 +375,15 @@ class SqliteStore:
     async def count_live_jobs(self) -> JobCounts:
         rows = await self._read(lambda db: db.execute(Q["count_live_jobs"]).fetchall(), "count")
         return JobCounts.from_rows([(r["kind"], r["tenant"], r["n"]) for r in rows])
+
+    async def health(self) -> StoreHealth:
+        # No MVCC, so no horizon and no dead rows: what SQLite keeps is free pages in the file (reused in place).
+        pages, page_size, free = await self._read(
+            lambda db: (db.execute("PRAGMA page_count").fetchone()[0], db.execute("PRAGMA page_size").fetchone()[0],
+                        db.execute("PRAGMA freelist_count").fetchone()[0]),
+            "health",
+        )  # fmt: skip
+        return StoreHealth(None, None, {}, {}, {"(file)": int(pages) * int(page_size), "(free)": int(free) * int(page_size)})
 
     # -- the gateway's side ------------------------------------------------------------------------------------------
     async def queue_depth(self, tenant: str) -> tuple[int, int]:
