@@ -41,6 +41,8 @@ class StoreSettings:
 
     database_url: str = "sqlite:///./tenure.db"
     sqlite_synchronous: str = "FULL"
+    pg_command_timeout_s: float | None = 30.0
+    """Each PostgreSQL statement's bound at the client (None: unbounded); migrations are not bounded."""
 
     def __post_init__(self) -> None:
         if self.database_url.split(":", 1)[0] not in _SQL_SCHEMES:
@@ -151,6 +153,10 @@ def _pos_float(name: str, text: str) -> float:
     return value
 
 
+def _seconds_or_off(name: str, text: str) -> float | None:
+    return None if text.strip() in ("0", "off") else _pos_float(name, text)
+
+
 def _pos_int(name: str, text: str) -> int:
     try:
         value = int(text)
@@ -229,6 +235,7 @@ def _session_s(name: str, text: str) -> int:
 _TABLE: dict[str, tuple[str, str, Callable[[str, str], Any]]] = {
     "database_url": ("store", "database_url", _text),
     "sqlite_synchronous": ("store", "sqlite_synchronous", _choice("FULL", "NORMAL")),
+    "pg_command_timeout_s": ("store", "pg_command_timeout_s", _seconds_or_off),
     "heartbeat_s": ("worker", "heartbeat_s", _pos_float),
     "claim_ttl_s": ("worker", "claim_ttl_s", _pos_float),
     "sweep_interval_s": ("worker", "sweep_interval_s", _pos_float),

@@ -54,6 +54,9 @@ from tenure.contracts.types import (
 )
 
 Q = load_queries("tenure.backends.postgres")
+MIGRATION_TIMEOUT_S = 24 * 3600.0
+"""A migration (an index built on a big table) or the wait for another process's may take long: not bounded by
+the store's command timeout."""
 MIGRATIONS = load_migrations("tenure.backends.postgres")  # read at import, never on the event loop
 _REQUEUEABLE = sorted(s.value for s in REQUEUEABLE)
 T = TypeVar("T")
@@ -77,10 +80,15 @@ class PostgresStore:
         self._notify = notify
 
     @classmethod
-    async def connect(cls, url: str, pool_size: int = 4, *, notify: bool = True) -> PostgresStore:
+    async def connect(
+        cls, url: str, pool_size: int = 4, *, notify: bool = True, command_timeout_s: float | None = 30.0
+    ) -> PostgresStore:
         """Open the pool and the claim connection. Does not migrate (see `migrate`). With `notify=False` the
-        store's transactions NOTIFY no events and no commands (their hints travel over a channel)."""
-        conns = await StoreConnections.open(url, pool_size, _session_settings(notify), Q["claim_start_function"])
+        store's transactions NOTIFY no events and no commands (their hints travel over a channel).
+        `command_timeout_s` (`TENURE_PG_COMMAND_TIMEOUT_S`) bounds each statement; migrations are not bounded."""
+        conns = await StoreConnections.open(
+            url, pool_size, _session_settings(notify), Q["claim_start_function"], command_timeout_s
+        )
         return cls(conns, notify)
 
     @property
@@ -118,17 +126,20 @@ class PostgresStore:
     async def migrate(self) -> int:
         async with self._db.pooled("migrate") as conn, conn.transaction():
             # One migrator at a time across every process that starts together.
-            await conn.execute("SELECT pg_advisory_xact_lock(hashtextextended('tenure_migrate', 0))")
+            await conn.execute(
+                "SELECT pg_advisory_xact_lock(hashtextextended('tenure_migrate', 0))", timeout=MIGRATION_TIMEOUT_S
+            )
             await conn.execute(
                 "CREATE TABLE IF NOT EXISTS tenure_migrations ("
                 " version integer PRIMARY KEY, name text NOT NULL,"
-                " applied_at timestamptz NOT NULL DEFAULT now())"
+                " applied_at timestamptz NOT NULL DEFAULT now())",
+                timeout=MIGRATION_TIMEOUT_S,
             )
             current = int(await conn.fetchval("SELECT coalesce(max(version), 0) FROM tenure_migrations"))
             for migration in _rules.pending_migrations(current, MIGRATIONS):
                 version, name, sql = migration
                 try:
-                    await conn.execute(sql)
+                    await conn.execute(sql, timeout=MIGRATION_TIMEOUT_S)
                 except asyncpg.PostgresError as exc:
                     raise _rules.migration_failed(migration, exc) from exc
                 await conn.execute("INSERT INTO tenure_migrations (version, name) VALUES ($1, $2)", version, name)
