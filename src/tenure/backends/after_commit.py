@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
+from tenure.contracts.audit import AuditRecord, StepRecord, StoredRecord
 from tenure.contracts.states import WorkerState
 from tenure.contracts.store import JobStore, OffloadStats, Signals
 from tenure.contracts.types import (
@@ -246,6 +247,35 @@ class AfterCommit:
 
     async def control_state(self, job_ids: Sequence[str]) -> tuple[frozenset[str], dict[str, int]]:
         return await self.store.control_state(job_ids)
+
+    # -- the audit chain and the journal ----------------------------------------------------------------------------
+    async def append_audit(self, records: Sequence[AuditRecord], events: Sequence[NewEvent]) -> set[str]:
+        rejected = await self.store.append_audit(records, events)
+        written = {e.fence.job_id for e in events} - rejected
+        if written:
+            self.signals.events_changed(written)
+        return rejected
+
+    async def read_audit(self, job_id: str, after: tuple[int, int] | None, limit: int) -> list[StoredRecord]:
+        return await self.store.read_audit(job_id, after, limit)
+
+    async def audit_usage(self, job_id: str) -> dict[str, float]:
+        return await self.store.audit_usage(job_id)
+
+    async def read_steps(self, job_id: str) -> list[StepRecord]:
+        return await self.store.read_steps(job_id)
+
+    async def begin_step(self, fence: Fence, execution_id: str, key: str) -> StepRecord | None:
+        return await self.store.begin_step(fence, execution_id, key)
+
+    async def end_step(self, fence: Fence, execution_id: str, key: str, result_json: str) -> bool:
+        return await self.store.end_step(fence, execution_id, key, result_json)
+
+    async def resolve_step(self, fence: Fence, key: str, result_json: str) -> bool:
+        return await self.store.resolve_step(fence, key, result_json)
+
+    async def clear_step(self, fence: Fence, execution_id: str, key: str) -> bool:
+        return await self.store.clear_step(fence, execution_id, key)
 
 
 if TYPE_CHECKING:

@@ -22,6 +22,7 @@ from tenure.backends import _rows, _rules
 from tenure.backends._queries import load_migrations, load_queries
 from tenure.backends.postgres import _batches
 from tenure.backends.postgres._connections import StoreConnections
+from tenure.backends.postgres.audit import AuditWrites
 from tenure.contracts.errors import IllegalTransition, NotFound, StoreUnavailable
 from tenure.contracts.states import REQUEUEABLE, JobState, WorkerState
 from tenure.contracts.store import JobStore
@@ -64,7 +65,7 @@ def _session_settings(notify: bool) -> dict[str, str]:
     return {} if notify else {"tenure.notify_events": "off"}
 
 
-class PostgresStore:
+class PostgresStore(AuditWrites):
     """The Tenure job store on PostgreSQL. Create with `await PostgresStore.connect(url)`."""
 
     dialect = "postgres"

@@ -17,6 +17,7 @@ from tenure.backends import _rows, _rules
 from tenure.backends._queries import load_migrations
 from tenure.backends.sqlite._connection import NOW, Q, SqliteConnection, split_sql
 from tenure.backends.sqlite._writes import claim_and_start_in, finish_in, start_in
+from tenure.backends.sqlite.audit import AuditWrites
 from tenure.contracts.errors import IllegalTransition, NotFound
 from tenure.contracts.states import REQUEUEABLE, JobState, WorkerState
 from tenure.contracts.store import JobStore, OffloadStats
@@ -50,7 +51,7 @@ _REQUEUEABLE = json.dumps(sorted(s.value for s in REQUEUEABLE))
 T = TypeVar("T")
 
 
-class SqliteStore:
+class SqliteStore(AuditWrites):
     """The Tenure job store on one SQLite file. Create with `await SqliteStore.connect(url)`."""
 
     dialect = "sqlite"

@@ -1,0 +1,30 @@
+-- The audit chain and the effect journal (docs/audit.md, docs/journal.md).
+-- One audit per job across its attempts: an execution's records sit under its epoch, in its own seq order.
+-- kind: tool_call (name: the tool), evidence (name: its kind), usage (name: the model or '').
+CREATE TABLE audit_records (
+    job_id       uuid NOT NULL,
+    epoch        integer NOT NULL,
+    seq          integer NOT NULL,
+    execution_id uuid NOT NULL,
+    kind         text NOT NULL,
+    name         text NOT NULL,
+    data         json NOT NULL,
+    started_at   double precision,
+    ended_at     double precision,
+    ts           timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (job_id, epoch, seq)
+);
+
+-- The effect journal: one row per (job, step key), begun before the step's function runs and ended (with its
+-- JSON result) before `ctx.step` returns. state: started | done | resolved.
+CREATE TABLE journal_steps (
+    job_id       uuid NOT NULL,
+    key          text NOT NULL,
+    state        text NOT NULL,
+    epoch        integer NOT NULL,
+    execution_id uuid NOT NULL,
+    started_at   timestamptz NOT NULL DEFAULT now(),
+    ended_at     timestamptz,
+    result       json,
+    PRIMARY KEY (job_id, key)
+);

@@ -1,0 +1,49 @@
+-- SQLite queries of the audit chain and the effect journal (docs/audit.md, docs/journal.md). Every write runs
+-- inside the store's write transaction, after the fence was checked in the same transaction (`fence_owns`).
+-- `{now}` is replaced at load time by SQLite's clock in epoch seconds.
+
+-- name: insert_record --
+-- Append one audit record of an execution (a retried batch's duplicate is ignored).
+INSERT INTO audit_records (job_id, epoch, seq, execution_id, kind, name, data, started_at, ended_at, ts)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, {now})
+ON CONFLICT (job_id, epoch, seq) DO NOTHING
+
+-- name: read_records --
+-- A job's audit records after a cursor (epoch, seq), in order.
+SELECT job_id, epoch, seq, execution_id, kind, name, data, started_at, ended_at, ts FROM audit_records
+ WHERE job_id = ?1 AND (epoch > ?2 OR (epoch = ?2 AND seq > ?3))
+ ORDER BY epoch, seq LIMIT ?4
+
+-- name: usage_records --
+-- Every usage report of a job (for its totals).
+SELECT data FROM audit_records WHERE job_id = ? AND kind = 'usage'
+
+-- name: read_steps --
+-- A job's journal, in the order its steps began.
+SELECT job_id, key, state, epoch, execution_id, started_at, ended_at, result FROM journal_steps
+ WHERE job_id = ? ORDER BY started_at, key
+
+-- name: read_step --
+-- One step of a job's journal.
+SELECT job_id, key, state, epoch, execution_id, started_at, ended_at, result FROM journal_steps
+ WHERE job_id = ? AND key = ?
+
+-- name: begin_step --
+-- Record that an execution begins a step, unless the job's journal has that key already.
+INSERT INTO journal_steps (job_id, key, state, epoch, execution_id, started_at)
+VALUES (?, ?, 'started', ?, ?, {now})
+ON CONFLICT (job_id, key) DO NOTHING
+
+-- name: end_step --
+-- The step this execution began returned: its JSON result.
+UPDATE journal_steps SET state = 'done', result = ?4, ended_at = {now}
+ WHERE job_id = ?1 AND key = ?2 AND execution_id = ?3 AND state = 'started'
+
+-- name: resolve_step --
+-- A step an earlier execution began and never ended: the handler of a later one records its result.
+UPDATE journal_steps SET state = 'resolved', result = ?3, ended_at = {now}
+ WHERE job_id = ?1 AND key = ?2 AND state = 'started'
+
+-- name: clear_step --
+-- The step's function raised: forget its begin (the journal records completions only).
+DELETE FROM journal_steps WHERE job_id = ?1 AND key = ?2 AND execution_id = ?3 AND state = 'started'

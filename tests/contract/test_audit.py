@@ -1,0 +1,104 @@
+"""The audit chain and the effect journal, against SQLite and PostgreSQL: each fenced write matches while its
+fence owns the job, and a stale epoch's write matches no row and changes nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from tenure.contracts.audit import AuditRecord
+from tenure.contracts.states import JobState
+from tenure.contracts.store import Store
+from tenure.contracts.types import Fence, NewEvent
+from tests.contract.test_store import claim_one, finish, start_one, submit
+
+
+def record(
+    f: Fence, execution_id: str, seq: int, kind: str = "tool_call", name: str = "search", **data: object
+) -> AuditRecord:
+    return AuditRecord(f, execution_id, seq, kind, name, json.dumps(data), 10.0, 10.5)
+
+
+async def test_records_and_events_are_written_together_in_order_and_a_duplicate_is_ignored(store: Store) -> None:
+    job_id = await submit(store)
+    claim = await claim_one(store)
+    x = await start_one(store, claim)
+    f = claim.fence
+    events = [NewEvent(f, x, 2, "message.delta", '{"text": "a"}')]
+    records = [
+        record(f, x, 1, q="a"),
+        record(f, x, 2, "evidence", "notes", text="n"),
+        record(f, x, 3, "usage", "m", input_tokens=3),
+    ]
+    assert await store.append_audit(records, events) == set()
+    assert await store.append_audit(records[:1], []) == set()  # a retried batch: the duplicate is ignored
+    got = await store.read_audit(job_id, None, 10)
+    assert [(r.epoch, r.seq, r.kind, r.name, r.data) for r in got] == [
+        (1, 1, "tool_call", "search", {"q": "a"}),
+        (1, 2, "evidence", "notes", {"text": "n"}),
+        (1, 3, "usage", "m", {"input_tokens": 3}),
+    ]
+    assert got[0].to_dict()["duration_s"] == 0.5 and got[0].execution_id == x
+    assert [r.seq for r in await store.read_audit(job_id, (1, 1), 1)] == [2]  # the cursor pages
+    assert [e.type for e in await store.read_events(job_id, None, 10)] == ["execution.started", "message.delta"]
+    assert await store.audit_usage(job_id) == {"input_tokens": 3}
+
+
+async def test_a_stale_epochs_records_and_steps_match_no_row(store: Store) -> None:
+    job_id = await submit(store, "safe")
+    claim = await claim_one(store, ttl=0.2)
+    old = await start_one(store, claim)
+    stale = claim.fence
+    assert (await store.begin_step(stale, old, "one")) is not None
+    await asyncio.sleep(0.3)
+    assert (await store.sweep(60)).requeued == [job_id]  # retry-safe: requeued, a new attempt
+    again = await claim_one(store)
+    new = await start_one(store, again)
+    assert again.fence.epoch == stale.epoch + 1
+    # every write of the old owner matches nothing
+    assert await store.append_audit([record(stale, old, 1)], [NewEvent(stale, old, 2, "late", "{}")]) == {job_id}
+    assert await store.begin_step(stale, old, "two") is None
+    assert await store.end_step(stale, old, "one", "1") is False
+    assert await store.resolve_step(stale, "one", "1") is False
+    assert await store.clear_step(stale, old, "one") is False
+    assert await store.read_audit(job_id, None, 10) == []
+    steps = await store.read_steps(job_id)
+    assert [(s.key, s.state, s.epoch) for s in steps] == [("one", "started", 1)]
+    # the new owner's writes match; its begin of the same key answers the earlier attempt's row
+    assert await store.append_audit([record(again.fence, new, 1)], []) == set()
+    seen = await store.begin_step(again.fence, new, "one")
+    assert seen is not None and (seen.state, seen.execution_id) == ("started", old)
+    assert await store.resolve_step(again.fence, "one", '"checked"') is True
+    assert await store.resolve_step(again.fence, "one", '"twice"') is False  # only a started step resolves
+    (one,) = await store.read_steps(job_id)
+    assert (one.state, one.result, one.ended_at is not None) == ("resolved", "checked", True)
+
+
+async def test_a_step_begins_once_ends_with_its_result_and_a_cleared_step_begins_again(store: Store) -> None:
+    job_id = await submit(store)
+    claim = await claim_one(store)
+    x = await start_one(store, claim)
+    f = claim.fence
+    began = await store.begin_step(f, x, "fetch")
+    assert began is not None and (began.key, began.state, began.execution_id, began.result) == ("fetch", "started", x, None)
+    assert await store.end_step(f, x, "fetch", json.dumps({"rows": [1, 2]})) is True
+    assert await store.end_step(f, x, "fetch", "3") is False  # done once
+    again = await store.begin_step(f, x, "fetch")
+    assert again is not None and (again.state, again.result) == ("done", {"rows": [1, 2]})
+    assert await store.begin_step(f, x, "flaky") is not None
+    assert await store.clear_step(f, x, "flaky") is True
+    assert [s.key for s in await store.read_steps(job_id)] == ["fetch"]
+    assert (await store.begin_step(f, x, "flaky")) is not None
+    # the journal and the audit outlive the finish: they are the job's, not the execution's
+    assert await store.finish("worker-1", [finish(f, x)]) == [job_id]
+    assert await store.end_step(f, x, "flaky", "1") is False  # a finished job takes no more writes
+    job = await store.get_job(job_id)
+    assert job is not None and job.state is JobState.SUCCEEDED
+    assert [s.key for s in await store.read_steps(job_id)] == ["fetch", "flaky"]
+
+
+async def test_reads_of_an_unknown_job_are_empty(store: Store) -> None:
+    for job_id in ("0190d5a0-0000-7000-8000-000000000000", "not-a-uuid"):
+        assert await store.read_audit(job_id, None, 10) == []
+        assert await store.read_steps(job_id) == []
+        assert await store.audit_usage(job_id) == {}
