@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from tenure.contracts.audit import parse_prices
 from tenure.contracts.errors import ConfigError
 from tenure.contracts.quotas import QuotaSpec, parse_quotas, quotas_from_table
 from tenure.control.admission import AdmissionLimits
@@ -237,6 +238,7 @@ _TABLE: dict[str, tuple[str, str, Callable[[str, str], Any]]] = {
     "concurrency": ("worker", "concurrency", _pos_int),
     "capabilities": ("worker", "capabilities", _tags),
     "claim_mode": ("worker", "claim_mode", _choice("one_step", "two_step")),
+    "prices": ("worker", "prices", lambda name, text: parse_prices(text, name)),
     "lag_interval_s": ("worker", "lag_interval_s", _pos_float),
     "stall_threshold_s": ("worker", "stall_threshold_s", _pos_float),
     "degraded_lag_s": ("worker", "degraded_lag_s", _pos_float),

@@ -1,0 +1,79 @@
+"""The audit chain through a real worker (in this process, on SQLite and PostgreSQL): a job retried twice has
+three executions in order, the evidence of all three, and usage totals equal to their sum, priced from
+TENURE_PRICES; tool calls record their result or their error."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from tenure.app import open_backends
+from tenure.contracts.audit import Price
+from tenure.contracts.states import JobState
+from tenure.control.audit import job_audit
+from tenure.local import LocalClient, connect
+from tenure.settings import Settings
+from tenure.worker import Worker, WorkerConfig
+from tests.apps.audit_app import app
+from tests.integration.procs import eventually
+
+FAST = WorkerConfig(
+    concurrency=4, heartbeat_s=0.1, claim_ttl_s=0.6, sweep_interval_s=0.1, poll_s=0.1, retry_base_s=0.05,
+    retry_cap_s=0.1, prices={"gpt-test": Price(input=0.5, output=2.0)},
+)  # fmt: skip
+
+
+@pytest.fixture
+async def client(database_url: str) -> AsyncIterator[LocalClient]:
+    backends = await open_backends(Settings.of(database_url=database_url))
+    worker = Worker(backends, app, FAST)
+    stop = asyncio.Event()
+    run = asyncio.create_task(worker.run(stop))
+    try:
+        async with connect(app, database_url) as c:
+            yield c
+    finally:
+        stop.set()
+        await asyncio.wait_for(run, 20)
+        await backends.close()
+
+
+async def test_a_job_retried_twice_shows_three_executions_their_evidence_and_summed_usage(client: LocalClient) -> None:
+    job_id = (await client.submit("researcher", {"succeed_on": 3})).job.id
+
+    async def done() -> bool:
+        return (await client.job(job_id)).state.terminal
+
+    await eventually(done, 30, "the job to end")
+    assert (await client.job(job_id)).state is JobState.SUCCEEDED
+    audit = await job_audit(client.service, job_id, None)
+    assert [(e["attempt"], e["epoch"], e["outcome"]) for e in audit["executions"]] == [
+        (1, 1, "failed"),
+        (2, 2, "failed"),
+        (3, 3, "succeeded"),
+    ]
+    assert [(r["epoch"], r["content"]["attempt"]) for r in audit["evidence"]] == [(1, 1), (2, 2), (3, 3)]
+    calls = audit["tool_calls"]
+    assert [(c["epoch"], c["name"]) for c in calls] == [(n, t) for n in (1, 2, 3) for t in ("search", "fetch")]
+    assert calls[0]["arguments"] == {"q": "tenure", "attempt": 1} and calls[0]["result"] == {"hits": 3}
+    assert calls[1]["error"] == "ConnectionError: refused" and "result" not in calls[1]
+    assert all(c["ended_at"] >= c["started_at"] and c["duration_s"] >= 0 for c in calls)
+    # usage: 100, 200, 300 input tokens and 10 output each; cost from the price table (USD per 1,000 tokens)
+    cost = sum((100 * n * 0.5 + 10 * 2.0) / 1000 for n in (1, 2, 3))
+    totals = audit["usage_totals"]
+    assert totals["input_tokens"] == 600 and totals["output_tokens"] == 30
+    assert totals["cost_usd"] == pytest.approx(cost)
+    assert [u["model"] for u in audit["usage"]] == ["gpt-test"] * 3
+    # the execution records keep the usage blob too, now with its cost
+    assert audit["executions"][0]["usage"]["cost_usd"] == pytest.approx((100 * 0.5 + 10 * 2.0) / 1000)
+    # paged: one record at a time gives the same records in the same order
+    seen, cursor = [], None
+    while True:
+        page = await job_audit(client.service, job_id, None, cursor, 1)
+        seen += [(r["epoch"], r["seq"]) for k in ("tool_calls", "evidence", "usage") for r in page[k]]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert seen == sorted(seen) and len(seen) == 12
