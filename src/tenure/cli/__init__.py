@@ -4,6 +4,7 @@ paragraph and exit non-zero (2 for bad usage or configuration, 1 for everything 
     _common.py   settings, output, input, the gateway client
     run.py       migrate, worker, gateway, up, doctor, demo, mock-model
     jobs.py      submit, tail, cancel, approve, jobs, job, events, requeue, workers
+    audit.py     audit
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import asyncio
 import sys
 
 from tenure.cli._common import setup_cli_logging
+from tenure.cli.audit import cmd_audit
 from tenure.cli.jobs import (
     cmd_approve,
     cmd_cancel,
@@ -137,6 +139,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--after", help="only events after this cursor (EPOCH-SEQ)")
     sp.add_argument("--limit", type=int, default=10000)
     sp.set_defaults(fn=cmd_events)
+
+    sp = sub.add_parser("audit", help="show a job's audit: executions, tool calls, evidence, usage, journal steps")
+    common(sp)
+    sp.add_argument("id")
+    sp.set_defaults(fn=cmd_audit)
 
     sp = sub.add_parser("requeue", help="put a dead (or failed, lost, expired, cancelled) job back in the queue")
     common(sp)

@@ -19,14 +19,14 @@ from tenure.control.jobs import JobsService
 
 MAX_PAGE = 1000
 DEFAULT_PAGE = 200
-_CURSOR = re.compile(r"^(\d{1,10})\.(\d{1,10})$")
+AUDIT_CURSOR = re.compile(r"^(\d{1,10})\.(\d{1,10})$")
 
 
 def parse_cursor(text: str | None) -> tuple[int, int] | None:
     """`epoch.seq` of the last record of the previous page, or None for the first page."""
     if text is None or text == "":
         return None
-    m = _CURSOR.match(text)
+    m = AUDIT_CURSOR.match(text)
     if m is None:
         raise InvalidRequest("cursor is the next_cursor of the previous page (epoch.seq)")
     return int(m.group(1)), int(m.group(2))

@@ -37,6 +37,7 @@ from tenure.contracts.store import Backends
 from tenure.contracts.text import dumps
 from tenure.contracts.types import AgentSpec, ControlOutcome, Job, JobFilter, is_uuid
 from tenure.control.admission import ENVELOPE_DEPTH, Admission, AdmissionLimits, parse_json
+from tenure.control.audit import AUDIT_CURSOR, DEFAULT_PAGE, MAX_PAGE, job_audit
 from tenure.control.gate import GateConfig
 from tenure.control.jobs import MAX_WAIT_S, JobsService
 from tenure.control.models import JobSpec, shown, validated
@@ -129,6 +130,7 @@ class Gateway:
             Route("/v1/jobs/{job_id}/input", self.send_input, methods=["POST"]),
             Route("/v1/jobs/{job_id}/approve", self.approve, methods=["POST"]),
             Route("/v1/jobs/{job_id}/events", self.events, methods=["GET"]),
+            Route("/v1/jobs/{job_id}/audit", self.audit, methods=["GET"]),
             Route("/v1/workers", self.workers, methods=["GET"]),
             Route("/healthz", self.healthz, methods=["GET"]),
             Route("/readyz", self.readyz, methods=["GET"]),
@@ -262,6 +264,15 @@ class Gateway:
         """GET /v1/jobs/{id}: one job."""
         who = self._principal(request)
         return JSONResponse(_job_view(await self.load_job(request.path_params["job_id"], who)))
+
+    async def audit(self, request: Request) -> Response:
+        """GET /v1/jobs/{id}/audit: the job's executions, tool calls, evidence, usage and journal (docs/audit.md)."""
+        who = self._principal(request)
+        limit = int_param(request, "limit", DEFAULT_PAGE, 1, MAX_PAGE)
+        job_id, cursor = parse_job_id(request.path_params["job_id"]), request.query_params.get("cursor")
+        if cursor and not AUDIT_CURSOR.match(cursor):
+            raise Problem(400, "Bad cursor", "cursor is the next_cursor of the previous page (EPOCH.SEQ)", "bad-cursor")
+        return JSONResponse(await job_audit(self.jobs, job_id, who.tenant, cursor, limit))
 
     async def _control_response(
         self, request: Request, kind: str, send: Callable[[str, str | None], Awaitable[ControlOutcome]]

@@ -198,6 +198,23 @@ def openapi_document(agents: list[str]) -> dict[str, Any]:
                     },
                 }
             },
+            "/v1/jobs/{job_id}/audit": {
+                "get": {
+                    "operationId": "jobAudit",
+                    "description": "The job's executions, tool calls, evidence, usage records (a page of them, in "
+                    "(epoch, seq) order), its journal steps and usage totals (docs/audit.md).",
+                    "parameters": [
+                        _JOB_ID,
+                        _query("cursor", {"type": "string", "pattern": "^[0-9]{1,10}[.][0-9]{1,10}$"}),
+                        _query("limit", {"type": "integer", "minimum": 1, "maximum": 1000}),
+                    ],
+                    "responses": {
+                        "200": {"description": "the audit", "content": {"application/json": {"schema": {"type": "object"}}}},
+                        "400": _problem("bad cursor or parameter"),
+                        **_COMMON,
+                    },
+                }
+            },
             "/v1/workers": {
                 "get": {
                     "operationId": "listWorkers",

@@ -1,0 +1,77 @@
+"""`GET /v1/jobs/{id}/audit` and `tenure audit ID` as a user drives them: `tenure up` on SQLite with the audit
+test app and a price table; a job retried twice, read back over HTTP (paged, tenant-checked) and in the CLI."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.acceptance.test_cli import tenure
+from tests.acceptance.test_gateway_api import is_problem
+from tests.acceptance.up import Up
+
+pytestmark = pytest.mark.slow
+PRICES = {"gpt-test": {"input": 0.5, "output": 2.0}}
+
+
+@pytest.fixture(scope="module")
+def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
+    d = tmp_path_factory.mktemp("audit")
+    server = Up(f"sqlite:///{d}/tenure.db", d, workers=1, app="tests.apps.audit_app:app",
+                env={"TENURE_PRICES": json.dumps(PRICES)})  # fmt: skip
+    server.db = f"sqlite:///{d}/tenure.db"  # type: ignore[attr-defined]
+    yield server
+    assert server.stop() == 0, server.log()
+
+
+async def test_the_audit_of_a_job_retried_twice_over_http_and_in_the_cli(up: Up, tmp_path: Path) -> None:
+    async with (
+        httpx.AsyncClient(base_url=up.url, headers=up.headers("tenant-a"), timeout=30) as a,
+        httpx.AsyncClient(base_url=up.url, headers=up.headers("tenant-b"), timeout=30) as b,
+    ):
+        r = await a.post("/v1/jobs", json={"agent": "researcher", "input": {"succeed_on": 3}})
+        assert r.status_code == 201, r.text
+        job_id = r.json()["id"]
+        async with asyncio.timeout(60):
+            while (await a.get(f"/v1/jobs/{job_id}")).json()["state"] != "succeeded":
+                await asyncio.sleep(0.1)
+        audit = (await a.get(f"/v1/jobs/{job_id}/audit")).json()
+        assert [(e["attempt"], e["outcome"]) for e in audit["executions"]] == [
+            (1, "failed"),
+            (2, "failed"),
+            (3, "succeeded"),
+        ]
+        assert [e["content"]["attempt"] for e in audit["evidence"]] == [1, 2, 3]
+        assert len(audit["tool_calls"]) == 6 and audit["next_cursor"] is None
+        expected = sum((100 * n * 0.5 + 10 * 2.0) / 1000 for n in (1, 2, 3))
+        assert audit["usage_totals"]["input_tokens"] == 600
+        assert audit["usage_totals"]["cost_usd"] == pytest.approx(expected)
+        # paged: two records a page, the cursor walks all twelve in order
+        seen, cursor = [], ""
+        while cursor is not None:
+            page = (await a.get(f"/v1/jobs/{job_id}/audit", params={"limit": 2, "cursor": cursor})).json()
+            seen += [(r["epoch"], r["seq"]) for k in ("tool_calls", "evidence", "usage") for r in page[k]]
+            cursor = page["next_cursor"]
+        assert seen == sorted(seen) and len(seen) == 12
+        # another tenant sees nothing; bad parameters are 400, never a 500
+        is_problem(await b.get(f"/v1/jobs/{job_id}/audit"), 404)
+        is_problem(await a.get("/v1/jobs/not-a-job/audit"), 404)
+        is_problem(await a.get(f"/v1/jobs/{job_id}/audit", params={"cursor": "x"}), 400)
+        is_problem(await a.get(f"/v1/jobs/{job_id}/audit", params={"limit": 0}), 400)
+    db = up.db  # type: ignore[attr-defined]
+    shown = tenure(db, "audit", job_id, "--app", "tests.apps.audit_app:app")
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert lines[0].startswith(f"job {job_id}  researcher  succeeded")
+    assert sum(line.startswith("attempt ") for line in lines) == 3
+    assert any("tool      fetch" in line and "✗ ConnectionError: refused" in line for line in lines)
+    assert lines[-1].startswith("usage totals: ") and "input_tokens=600" in lines[-1]
+    as_json = tenure(db, "audit", job_id, "--json", "--app", "tests.apps.audit_app:app")
+    assert as_json.returncode == 0 and json.loads(as_json.stdout)["usage_totals"] == audit["usage_totals"]
+    missing = tenure(db, "audit", "0190d5a0-0000-7000-8000-000000000000")
+    assert missing.returncode == 1 and "no job" in missing.stderr
