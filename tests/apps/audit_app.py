@@ -40,12 +40,12 @@ def _append(path: str, line: str) -> str:
     return line
 
 
-def _slow_append(path: str, line: str, marker: str, pause_s: float) -> str:
-    """The step the test kills: says it began (the marker names this process), then pauses, appends, pauses."""
+def _slow_append(path: str, line: str, marker: str, before_s: float, after_s: float) -> str:
+    """The step the test kills: says it began (the marker names this process), pauses, appends, pauses."""
     _append(marker, f"{os.getpid()}")
-    time.sleep(pause_s)
+    time.sleep(before_s)
     _append(path, line)
-    time.sleep(pause_s)
+    time.sleep(after_s)
     return line
 
 
@@ -53,15 +53,17 @@ def _slow_append(path: str, line: str, marker: str, pause_s: float) -> str:
 async def journaled(ctx: Context, input: Any) -> dict[str, Any]:
     """Three journaled steps, each appending one line to `path`. The second is the slow one: a later attempt
     that finds it begun and never ended (StepUnknown) looks at the file, appends the line only if it is missing,
-    and resolves the step; each StepUnknown is noted in `unknown` as `key started_at`."""
+    and resolves the step; each StepUnknown is noted in `unknown` as `key started_at done|undone`."""
     path, marker = input["path"], input["marker"]
     one = await ctx.step("one", _append, path, "one")
     try:
-        two = await ctx.step("two", _slow_append, path, "two", marker, float(input.get("pause_s", 0.05)))
+        pauses = float(input.get("before_s", 0.05)), float(input.get("after_s", 0.5))
+        two = await ctx.step("two", _slow_append, path, "two", marker, *pauses)
     except StepUnknown as exc:
-        await ctx.to_thread(_append, input["unknown"], f"{exc.key} {exc.started_at}")
         lines = (await ctx.to_thread(Path(path).read_text)).split()
-        if "two" not in lines:
+        found = "two" in lines
+        await ctx.to_thread(_append, input["unknown"], f"{exc.key} {exc.started_at} {'done' if found else 'undone'}")
+        if not found:
             await ctx.to_thread(_append, path, "two")
         await ctx.resolve_step("two", "two")
         two = "two"
