@@ -159,7 +159,9 @@ async def test_a_frozen_worker_resumed_after_its_job_was_reclaimed_writes_no_rec
             await eventually(lambda: _read(Path(files["ready"])), 30, f"the first writes\n{frozen.log()}")
             frozen.signal(signal.SIGSTOP)
             await _expire_claim(database_url, job_id)
-            rescuer = WorkerProc(database_url, tmp_path, "rescuer", app=APP)  # its sweeper requeues the job
+            # The sweep, here rather than by the rescuer: the frozen worker may hold the sweeper duty's lease.
+            assert (await client.store.sweep(60)).requeued == [job_id]  # retry-safe: requeued, not lost
+            rescuer = WorkerProc(database_url, tmp_path, "rescuer", app=APP)
             job = await eventually(lambda: _terminal(client, job_id), 60, f"the rescue\n{rescuer.log()}")
             assert job.state is JobState.SUCCEEDED and job.result == {"attempt": 2}, job  # type: ignore[attr-defined]
             Path(files["go"]).touch()
