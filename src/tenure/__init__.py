@@ -17,6 +17,7 @@ client side (`connect`, `LocalClient`, the admission's answers) is loaded on fir
 import typing as _typing
 
 from tenure.contracts.errors import (
+    BudgetExhausted,
     ConfigError,
     HandlerAborted,
     IdempotencyConflict,
@@ -77,6 +78,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Admitted",
+    "BudgetExhausted",
     "CircuitOpen",
     "ConfigError",
     "Context",

@@ -75,3 +75,18 @@ async def test_the_audit_of_a_job_retried_twice_over_http_and_in_the_cli(up: Up,
     assert as_json.returncode == 0 and json.loads(as_json.stdout)["usage_totals"] == audit["usage_totals"]
     missing = tenure(db, "audit", "0190d5a0-0000-7000-8000-000000000000")
     assert missing.returncode == 1 and "no job" in missing.stderr
+
+
+async def test_a_budget_on_submit_over_http_stops_a_runaway_and_a_bad_one_is_refused(up: Up) -> None:
+    async with httpx.AsyncClient(base_url=up.url, headers=up.headers("tenant-a"), timeout=30) as a:
+        r = await a.post("/v1/jobs", json={"agent": "runaway", "budget": {"tool_calls": 3}})
+        assert r.status_code == 201, r.text
+        job_id = r.json()["id"]
+        async with asyncio.timeout(30):
+            while (job := (await a.get(f"/v1/jobs/{job_id}")).json())["state"] != "failed":
+                await asyncio.sleep(0.1)
+        assert job["error_code"] == "budget_exhausted" and "tool_calls" in job["error_message"]
+        assert len((await a.get(f"/v1/jobs/{job_id}/audit")).json()["tool_calls"]) == 3
+        for bad in ({"tool_calls": 0}, {"cost": "x"}, {"walls": 1}, [], {}):
+            body = is_problem(await a.post("/v1/jobs", json={"agent": "runaway", "budget": bad}), 422)
+            assert "budget" in body["detail"] or "limit" in body["detail"], body

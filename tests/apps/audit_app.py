@@ -91,3 +91,15 @@ async def frozen(ctx: Context, input: Any) -> dict[str, Any]:
         await ctx.step("late", _append, input["effects"], "late")
         return {"attempt": 1}
     return {"attempt": ctx.attempt}
+
+
+@app.agent("runaway", timeout=60, max_attempts=1)
+async def runaway(ctx: Context, input: Any) -> None:
+    """A loop calling a tool forever (each call reports 100 tokens of usage): only a budget stops it."""
+    n = 0
+    while True:
+        n += 1
+        async with ctx.tool_call("lookup", {"n": n}) as call:
+            ctx.usage(model="gpt-test", input_tokens=90, output_tokens=10)
+            call.result(n)
+        await asyncio.sleep(0)

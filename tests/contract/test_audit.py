@@ -102,3 +102,21 @@ async def test_reads_of_an_unknown_job_are_empty(store: Store) -> None:
         assert await store.read_audit(job_id, None, 10) == []
         assert await store.read_steps(job_id) == []
         assert await store.audit_usage(job_id) == {}
+
+
+async def test_a_budget_is_written_with_its_job_and_read_with_what_was_used(store: Store) -> None:
+    plain = await submit(store)
+    assert await store.read_budget(plain) is None  # no budget, no row
+    job_id = await submit(store, "safe", budget={"tool_calls": 7, "cost": 1.5})
+    claim = await claim_one(store, agents=("safe",))
+    x = await start_one(store, claim)
+    f = claim.fence
+    usage = [record(f, x, 2, "usage", "m", input_tokens=30, output_tokens=5, cost_usd=0.25)]
+    assert await store.append_audit([record(f, x, 1), *usage, record(f, x, 3)], []) == set()
+    use = await store.read_budget(job_id)
+    assert use is not None and use.limits == {"tool_calls": 7, "cost": 1.5}
+    assert {k: use.used[k] for k in ("tool_calls", "tokens", "cost")} == {"tool_calls": 2, "tokens": 35, "cost": 0.25}
+    assert use.used["wall_s"] == 0  # no execution has ended yet
+    assert await store.finish("worker-1", [finish(f, x)]) == [job_id]
+    ended = await store.read_budget(job_id)
+    assert ended is not None and ended.used["wall_s"] >= 0

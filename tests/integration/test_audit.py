@@ -11,7 +11,9 @@ import pytest
 
 from tenure.app import open_backends
 from tenure.contracts.audit import Price
+from tenure.contracts.errors import InvalidRequest
 from tenure.contracts.states import JobState
+from tenure.contracts.types import Job
 from tenure.control.audit import job_audit
 from tenure.local import LocalClient, connect
 from tenure.settings import Settings
@@ -77,3 +79,39 @@ async def test_a_job_retried_twice_shows_three_executions_their_evidence_and_sum
         if cursor is None:
             break
     assert seen == sorted(seen) and len(seen) == 12
+
+
+async def test_a_runaway_agent_ends_budget_exhausted_at_its_tool_call_limit(client: LocalClient) -> None:
+    job_id = (await client.submit("runaway", None, budget={"tool_calls": 5})).job.id
+    job = await eventually(lambda: _terminal(client, job_id), 30, "the runaway to be stopped")
+    assert (job.state, job.error_code) == (JobState.FAILED, "budget_exhausted")
+    assert job.error_message is not None and "tool_calls budget is exhausted: 5 used of 5" in job.error_message
+    audit = await job_audit(client.service, job_id, None)
+    assert [c["arguments"]["n"] for c in audit["tool_calls"]] == [1, 2, 3, 4, 5]  # the sixth never started
+
+
+async def test_a_token_budget_stops_the_job_after_the_step_that_crossed_it(client: LocalClient) -> None:
+    job_id = (await client.submit("runaway", None, budget={"tokens": 450})).job.id
+    job = await eventually(lambda: _terminal(client, job_id), 30, "the runaway to be stopped")
+    assert (job.state, job.error_code) == (JobState.FAILED, "budget_exhausted")
+    assert job.error_message is not None and "tokens budget is exhausted: 500 used of 450" in job.error_message
+    assert (await job_audit(client.service, job_id, None))["usage_totals"]["input_tokens"] == 450
+
+
+async def test_a_budget_counts_every_attempt_of_the_job(client: LocalClient) -> None:
+    # Two tool calls per attempt: the first attempt uses two of three, the second is stopped at its second call.
+    job_id = (await client.submit("researcher", {"succeed_on": 3}, budget={"tool_calls": 3})).job.id
+    job = await eventually(lambda: _terminal(client, job_id), 30, "the job to end")
+    assert (job.state, job.error_code, job.attempts) == (JobState.FAILED, "budget_exhausted", 2)
+    assert len((await job_audit(client.service, job_id, None))["tool_calls"]) == 3
+
+
+async def test_a_malformed_budget_is_refused_at_admission(client: LocalClient) -> None:
+    for bad in ({"tool_calls": 0}, {"tokens": "many"}, {"cost": -1}, {"wall": 5}, {}, {"tool_calls": 1.5}):
+        with pytest.raises(InvalidRequest):
+            await client.submit("runaway", None, budget=bad)  # type: ignore[arg-type]
+
+
+async def _terminal(client: LocalClient, job_id: str) -> Job | None:
+    job = await client.job(job_id)
+    return job if job.state.terminal else None

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
-from tenure.contracts.audit import AuditRecord, StepRecord, StoredRecord
+from tenure.contracts.audit import AuditRecord, BudgetUse, StepRecord, StoredRecord
 from tenure.contracts.states import WorkerState
 from tenure.contracts.store import JobStore, OffloadStats, Signals
 from tenure.contracts.types import (
@@ -261,6 +261,9 @@ class AfterCommit:
 
     async def audit_usage(self, job_id: str) -> dict[str, float]:
         return await self.store.audit_usage(job_id)
+
+    async def read_budget(self, job_id: str) -> BudgetUse | None:
+        return await self.store.read_budget(job_id)
 
     async def read_steps(self, job_id: str) -> list[StepRecord]:
         return await self.store.read_steps(job_id)

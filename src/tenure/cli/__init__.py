@@ -77,6 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--requires", help="comma-separated capability tags a worker must have")
     sp.add_argument("--deadline-s", type=float, help="queue deadline: expire if not started within (default 300)")
     sp.add_argument("--max-attempts", type=int, help="executions before the job is dead (default: the agent's)")
+    sp.add_argument("--budget", help='limits as JSON, e.g. \'{"tool_calls": 50, "cost": 2.5}\' (docs/budgets.md)')
     sp.add_argument("--wait", action="store_true", help="wait for the job to finish and print it")
     sp.add_argument("--timeout", type=float, default=None, help="with --wait: give up after this many seconds")
     sp.add_argument("--url", help="submit through this gateway (TENURE_URL) instead of the store directly")

@@ -25,6 +25,16 @@ from tenure.contracts.states import JobState
 from tenure.local import LocalClient, connect
 
 
+def read_budget(text: str | None) -> Any:
+    """`--budget JSON`: the job's limits (admission validates them)."""
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        raise ConfigError(f"--budget is not JSON: {text!r} (e.g. '{{\"tool_calls\": 50}}')") from None
+
+
 async def cmd_submit(args: argparse.Namespace) -> int:
     payload = read_input(args.input)
     url = gateway_url(args)
@@ -43,6 +53,7 @@ async def cmd_submit(args: argparse.Namespace) -> int:
             requires=args.requires.split(",") if args.requires else (),
             deadline_s=args.deadline_s,
             max_attempts=args.max_attempts,
+            budget=read_budget(args.budget),
         )
         job_id = admitted.job.id
         if not args.wait:
@@ -65,6 +76,7 @@ async def _submit_via_gateway(args: argparse.Namespace, url: str, payload: Any) 
             requires=args.requires.split(",") if args.requires else None,
             deadline_s=args.deadline_s,
             max_attempts=args.max_attempts,
+            budget=read_budget(args.budget),
         )
         job_id = admitted.job.id
         if args.follow:

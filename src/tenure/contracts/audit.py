@@ -104,6 +104,22 @@ class StepRecord:
         }
 
 
+@dataclass(frozen=True, slots=True)
+class BudgetUse:
+    """A job's budget (limit name -> amount: `tool_calls`, `tokens`, `cost`, `wall_s`) and what its executions
+    used of each so far (`wall_s`: the run time of its ended executions)."""
+
+    limits: dict[str, float]
+    used: dict[str, float]
+
+
+BUDGET_LIMITS = ("tool_calls", "tokens", "cost", "wall_s")
+
+
+def budget_use(budget_json: str, row: Mapping[str, Any]) -> BudgetUse:
+    return BudgetUse(json.loads(budget_json), {k: float(row[k] or 0) for k in BUDGET_LIMITS})
+
+
 # -- usage and prices -----------------------------------------------------------------------------------------------
 
 

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar, runtime_checkable
 
-from tenure.contracts.audit import AuditRecord, StepRecord, StoredRecord
+from tenure.contracts.audit import AuditRecord, BudgetUse, StepRecord, StoredRecord
 from tenure.contracts.states import JobState, WorkerState
 from tenure.contracts.types import (
     AdmissionState,
@@ -305,6 +305,11 @@ class JobStore(Protocol):
 
     async def audit_usage(self, job_id: str) -> dict[str, float]:
         """Every usage counter of a job's usage records, summed over all its executions."""
+        ...
+
+    async def read_budget(self, job_id: str) -> BudgetUse | None:
+        """A job's budget (written with the job by `enqueue` from `NewJob.budget_json`) and what its executions
+        used of it so far; None for a job without a budget."""
         ...
 
     async def read_steps(self, job_id: str) -> list[StepRecord]:

@@ -178,6 +178,7 @@ class JobRequest:
     max_attempts: int | None = None
     idempotency_key: str | None = None
     tenant: str = DEFAULT_TENANT
+    budget: Mapping[str, float] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,9 +252,11 @@ class Admission:
         if req.idempotency_key is not None:
             check(KEY, req.idempotency_key, "idempotency_key")
             digest = idem_digest(req.tenant, req.idempotency_key)
-        fingerprint = hashlib.sha256(
-            json.dumps([spec.name, input_json, priority, sorted(requires), deadline_s, max_attempts]).encode()
-        ).digest()
+        budget = None if fields.budget is None else fields.budget.model_dump(exclude_none=True)
+        if budget == {}:
+            raise InvalidRequest("a budget names at least one limit: tool_calls, tokens, cost, wall_s")
+        identity: list[Any] = [spec.name, input_json, priority, sorted(requires), deadline_s, max_attempts]
+        fingerprint = hashlib.sha256(json.dumps(identity + ([budget] if budget else [])).encode()).digest()
         return NewJob(
             id=new_id(),
             tenant=req.tenant,
@@ -267,6 +270,7 @@ class Admission:
             deadline_s=deadline_s,
             idem_digest=digest,
             request_fingerprint=fingerprint,
+            budget_json=None if budget is None else json.dumps(budget),
         )
 
     async def admit(self, req: JobRequest) -> Admitted:
@@ -392,6 +396,7 @@ def _spec_fields(req: JobRequest) -> dict[str, Any]:
         "priority": req.priority,
         "requires": requires,
         "deadline_s": req.deadline_s,
+        "budget": None if req.budget is None else dict(req.budget),
         "max_attempts": req.max_attempts,
     }
 

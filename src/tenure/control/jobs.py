@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from tenure.contracts.errors import NotFound
@@ -139,8 +139,10 @@ class JobsClient(Protocol):
         requires: Sequence[str] = (),
         deadline_s: float | None = None,
         max_attempts: int | None = None,
+        budget: Mapping[str, float] | None = None,
     ) -> Admitted:
-        """Admit one job: the job as admitted, and whether it is new (False: a replayed idempotency key)."""
+        """Admit one job: the job as admitted, and whether it is new (False: a replayed idempotency key).
+        `budget`: limits of the job (`tool_calls`, `tokens`, `cost`, `wall_s`; docs/budgets.md)."""
         ...
 
     async def job(self, job_id: JobRef) -> Job:

@@ -42,6 +42,10 @@ class JournalPort(Protocol):
         """Time one external call (`tenure_external_seconds`)."""
         ...
 
+    async def checkpoint(self) -> None:
+        """Raise `BudgetExhausted` when the job has reached a limit of its budget (before new work starts)."""
+        ...
+
 
 def _json_or_repr(value: Any) -> Any:
     """`value` when it is storable JSON, else its repr (an audit record never fails a handler over its result)."""
@@ -78,6 +82,7 @@ class ToolCall:
         self.has_result = True
 
     async def __aenter__(self) -> ToolCall:
+        await self._port.checkpoint()  # a job out of budget makes no more calls (docs/budgets.md)
         self._started = time.time()
         self._wall = time.monotonic()
         return self

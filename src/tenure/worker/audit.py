@@ -15,11 +15,12 @@ import asyncio
 import inspect
 import json
 import logging
+import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from tenure.contracts.audit import AuditRecord, Price, StepRecord, priced
-from tenure.contracts.errors import PermanentError, StepUnknown, StoreUnavailable
+from tenure.contracts.audit import AuditRecord, BudgetUse, Price, StepRecord, priced
+from tenure.contracts.errors import BudgetExhausted, PermanentError, StepUnknown, StoreUnavailable
 from tenure.contracts.store import Store
 from tenure.contracts.text import describe_error, dumps
 from tenure.contracts.types import Fence
@@ -60,13 +61,16 @@ class Execution(Protocol):
 class ExecutionAudit:
     """The audit and journal of one execution (see the module docstring)."""
 
-    __slots__ = ("_prices", "_seq", "_steps", "_x")
+    __slots__ = ("_began", "_budget", "_prices", "_seq", "_steps", "_used", "_x")
 
     def __init__(self, execution: Execution, prices: Mapping[str, Price]) -> None:
         self._x = execution
         self._prices = prices
         self._seq = 0  # this execution's audit records, 1, 2, ... under its epoch
         self._steps: dict[str, StepRecord] | None = None  # the job's journal, read at the first step
+        self._budget: BudgetUse | bool | None = False  # False: not read yet; None: the job has no budget
+        self._used = {"tool_calls": 0.0, "tokens": 0.0, "cost": 0.0}  # by this execution
+        self._began = time.monotonic()
 
     # -- audit records ----------------------------------------------------------------------------------------------
     def queue(self, kind: str, name: str, data_json: str, started_at: float | None, ended_at: float | None) -> None:
@@ -80,6 +84,8 @@ class ExecutionAudit:
         self, kind: str, name: str, data_json: str, started_at: float | None, ended_at: float | None, durable: bool
     ) -> None:
         self.queue(kind, name, data_json, started_at, ended_at)
+        if kind == "tool_call":
+            self._used["tool_calls"] += 1
         if durable or self._x.unwritten >= self._x.env.config.event_buffer:
             await self._x.flush()
 
@@ -90,7 +96,27 @@ class ExecutionAudit:
         """The counts with their cost from the price table; queues their usage record."""
         counts = priced(model, counts, self._prices)
         self.queue("usage", model or "", dumps(counts), None, None)
+        self._used["tokens"] += counts.get("input_tokens", 0) + counts.get("output_tokens", 0)
+        self._used["cost"] += counts.get("cost_usd", 0)
         return counts
+
+    # -- the budget (docs/budgets.md) -------------------------------------------------------------------------------
+    async def checkpoint(self) -> None:
+        """Before a tool call or a step: raise `BudgetExhausted` when the job reached a limit. The budget and what
+        earlier executions used of it are read once, at the execution's first checkpoint."""
+        x = self._x
+        x.check()
+        if self._budget is False:
+            self._budget = await x.env.store.read_budget(x.fence.job_id)
+        budget = self._budget
+        if not isinstance(budget, BudgetUse):
+            return
+        for limit, allowed in budget.limits.items():
+            used = budget.used.get(limit, 0.0) + self._used.get(limit, 0.0)
+            if limit == "wall_s":
+                used += time.monotonic() - self._began
+            if used >= allowed:
+                raise BudgetExhausted(limit, round(used, 6), allowed)
 
     # -- the journal ------------------------------------------------------------------------------------------------
     async def _journal(self) -> dict[str, StepRecord]:
@@ -117,6 +143,7 @@ class ExecutionAudit:
         steps = await self._journal()
         if key in steps:
             return self._known(steps[key])
+        await self.checkpoint()  # a step found done costs nothing; one that would run is new work
         began = await x.env.store.begin_step(x.fence, x.execution_id, key)
         if began is None:
             self._lost()

@@ -13,13 +13,26 @@ from typing import TYPE_CHECKING, Any
 
 from tenure.backends._queries import load_queries
 from tenure.backends.postgres import _batches
-from tenure.contracts.audit import AuditRecord, StepRecord, StoredRecord, sum_usage
-from tenure.contracts.types import Fence, NewEvent, is_uuid
+from tenure.contracts.audit import AuditRecord, BudgetUse, StepRecord, StoredRecord, budget_use, sum_usage
+from tenure.contracts.types import Fence, NewEvent, NewJob, is_uuid
 
 if TYPE_CHECKING:
     from tenure.backends.postgres._connections import StoreConnections
 
 Q = load_queries("tenure.backends.postgres", "audit.sql")
+
+
+async def enqueue_with_budgets(conn: Any, sql: str, columns: list[list[Any]], jobs: Sequence[NewJob]) -> list[Any]:
+    """The enqueue statement `sql`; when any job has a budget, in one transaction with their budgets (written
+    for the jobs it inserted). Without budgets, exactly the enqueue as it was."""
+    if all(j.budget_json is None for j in jobs):
+        return list(await conn.fetch(sql, *columns))
+    async with conn.transaction():
+        rows = list(await conn.fetch(sql, *columns))
+        inserted = {r["id"] for r in rows}
+        budgets = [(j.id, j.budget_json) for j in jobs if j.budget_json is not None and j.id in inserted]
+        await conn.execute(Q["insert_budgets"], [i for i, _ in budgets], [b for _, b in budgets])
+    return rows
 
 
 def _step(r: Any) -> StepRecord:
@@ -89,6 +102,13 @@ class AuditWrites:
         async with self._db.pooled("audit_usage") as conn:
             rows = await conn.fetch(Q["usage_records"], job_id)
         return sum_usage(json.loads(r["data"]) for r in rows)
+
+    async def read_budget(self, job_id: str) -> BudgetUse | None:
+        if not is_uuid(job_id):
+            return None
+        async with self._db.pooled("read_budget") as conn:
+            row = await conn.fetchrow(Q["read_budget"], job_id)
+        return None if row is None else budget_use(row["budget"], row)
 
     async def read_steps(self, job_id: str) -> list[StepRecord]:
         if not is_uuid(job_id):

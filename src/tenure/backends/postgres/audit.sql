@@ -96,3 +96,23 @@ DELETE FROM journal_steps AS s
          WHERE id = $1::uuid AND epoch = $2 AND token = $3 AND state IN ('running', 'waiting') FOR SHARE) AS j
  WHERE s.job_id = j.id AND s.key = $4 AND s.execution_id = $5::uuid AND s.state = 'started'
 RETURNING s.key
+
+-- name: insert_budgets --
+-- New jobs' budgets (in the enqueue's transaction), for the jobs the enqueue inserted.
+INSERT INTO job_budgets (job_id, budget)
+SELECT x.job_id, x.budget::json FROM unnest($1::uuid[], $2::text[]) AS x(job_id, budget)
+ON CONFLICT (job_id) DO NOTHING
+
+-- name: read_budget --
+-- A job's budget and what its executions used of it so far: tool calls, tokens, cost, and the run time of its
+-- ended executions. Nothing for a job without a budget.
+SELECT b.budget::text,
+       (SELECT count(*) FROM audit_records WHERE job_id = $1::uuid AND kind = 'tool_call') AS tool_calls,
+       (SELECT coalesce(sum(coalesce((data->>'input_tokens')::float8, 0)
+                            + coalesce((data->>'output_tokens')::float8, 0)), 0)
+          FROM audit_records WHERE job_id = $1::uuid AND kind = 'usage') AS tokens,
+       (SELECT coalesce(sum((data->>'cost_usd')::float8), 0)
+          FROM audit_records WHERE job_id = $1::uuid AND kind = 'usage') AS cost,
+       (SELECT coalesce(sum(extract(epoch FROM ended_at - started_at)), 0)::float8
+          FROM executions WHERE job_id = $1::uuid) AS wall_s
+  FROM job_budgets AS b WHERE b.job_id = $1::uuid

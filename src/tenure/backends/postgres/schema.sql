@@ -284,3 +284,10 @@ CREATE TABLE journal_steps (
     result       json,
     PRIMARY KEY (job_id, key)
 );
+
+-- A job's budget (docs/budgets.md): written with the job by `enqueue`, read by its executions at their first
+-- tool call or step. Only jobs submitted with a budget have a row.
+CREATE TABLE job_budgets (
+    job_id uuid PRIMARY KEY,
+    budget json NOT NULL
+);

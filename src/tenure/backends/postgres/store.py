@@ -22,7 +22,7 @@ from tenure.backends import _rows, _rules
 from tenure.backends._queries import load_migrations, load_queries
 from tenure.backends.postgres import _batches
 from tenure.backends.postgres._connections import StoreConnections
-from tenure.backends.postgres.audit import AuditWrites
+from tenure.backends.postgres.audit import AuditWrites, enqueue_with_budgets
 from tenure.contracts.errors import IllegalTransition, NotFound, StoreUnavailable
 from tenure.contracts.states import REQUEUEABLE, JobState, WorkerState
 from tenure.contracts.store import JobStore
@@ -151,7 +151,7 @@ class PostgresStore(AuditWrites):
         if not jobs:
             return []
         async with self._db.pooled("enqueue") as conn:
-            rows = await conn.fetch(Q["enqueue_jobs"], *_batches.jobs(jobs))
+            rows = await enqueue_with_budgets(conn, Q["enqueue_jobs"], _batches.jobs(jobs), jobs)
             created = {r["id"]: _rows.job(r) for r in rows}
             missing = [j for j in jobs if j.id not in created]
             existing: dict[tuple[str, bytes], tuple[Job, bytes]] = {}

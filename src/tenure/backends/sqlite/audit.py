@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, TypeVar
 from tenure.backends._queries import load_queries
 from tenure.backends.sqlite._connection import NOW
 from tenure.backends.sqlite._connection import Q as STORE_QUERIES
-from tenure.contracts.audit import AuditRecord, StepRecord, StoredRecord, sum_usage
+from tenure.contracts.audit import AuditRecord, BudgetUse, StepRecord, StoredRecord, budget_use, sum_usage
 from tenure.contracts.types import Fence, NewEvent
 
 Q = load_queries("tenure.backends.sqlite", "audit.sql", substitutions={"now": NOW})
@@ -25,6 +25,11 @@ T = TypeVar("T")
 
 def _owns(db: sqlite3.Connection, f: Fence) -> bool:
     return db.execute(_FENCE_OWNS, (f.job_id, f.epoch, f.token)).fetchone() is not None
+
+
+def insert_budget(db: sqlite3.Connection, job_id: str, budget_json: str) -> None:
+    """A new job's budget, inside the enqueue's write transaction."""
+    db.execute(Q["insert_budget"], (job_id, budget_json))
 
 
 def _step(r: sqlite3.Row) -> StepRecord:
@@ -92,6 +97,10 @@ class AuditWrites:
     async def audit_usage(self, job_id: str) -> dict[str, float]:
         rows = await self._read(lambda db: db.execute(Q["usage_records"], (job_id,)).fetchall())
         return sum_usage(json.loads(r["data"]) for r in rows)
+
+    async def read_budget(self, job_id: str) -> BudgetUse | None:
+        row = await self._read(lambda db: db.execute(Q["read_budget"], (job_id,)).fetchone())
+        return None if row is None else budget_use(row["budget"], row)
 
     async def read_steps(self, job_id: str) -> list[StepRecord]:
         rows = await self._read(lambda db: db.execute(Q["read_steps"], (job_id,)).fetchall())

@@ -47,3 +47,20 @@ UPDATE journal_steps SET state = 'resolved', result = ?3, ended_at = {now}
 -- name: clear_step --
 -- The step's function raised: forget its begin (the journal records completions only).
 DELETE FROM journal_steps WHERE job_id = ?1 AND key = ?2 AND execution_id = ?3 AND state = 'started'
+
+-- name: insert_budget --
+-- A new job's budget (in the enqueue's transaction).
+INSERT INTO job_budgets (job_id, budget) VALUES (?, ?) ON CONFLICT (job_id) DO NOTHING
+
+-- name: read_budget --
+-- A job's budget and what its executions used of it so far: tool calls, tokens, cost, and the run time of its
+-- ended executions. Nothing for a job without a budget.
+SELECT b.budget,
+       (SELECT count(*) FROM audit_records WHERE job_id = ?1 AND kind = 'tool_call') AS tool_calls,
+       (SELECT coalesce(sum(coalesce(json_extract(data, '$.input_tokens'), 0)
+                            + coalesce(json_extract(data, '$.output_tokens'), 0)), 0)
+          FROM audit_records WHERE job_id = ?1 AND kind = 'usage') AS tokens,
+       (SELECT coalesce(sum(json_extract(data, '$.cost_usd')), 0)
+          FROM audit_records WHERE job_id = ?1 AND kind = 'usage') AS cost,
+       (SELECT coalesce(sum(ended_at - started_at), 0) FROM executions WHERE job_id = ?1) AS wall_s
+  FROM job_budgets AS b WHERE b.job_id = ?1

@@ -138,3 +138,10 @@ CREATE TABLE journal_steps (
     result       TEXT,
     PRIMARY KEY (job_id, key)
 ) WITHOUT ROWID;
+
+-- A job's budget (docs/budgets.md): written with the job by `enqueue`, read by its executions at their first
+-- tool call or step. Only jobs submitted with a budget have a row.
+CREATE TABLE job_budgets (
+    job_id TEXT PRIMARY KEY,
+    budget TEXT NOT NULL
+) WITHOUT ROWID;

@@ -17,7 +17,7 @@ from tenure.backends import _rows, _rules
 from tenure.backends._queries import load_migrations
 from tenure.backends.sqlite._connection import NOW, Q, SqliteConnection, split_sql
 from tenure.backends.sqlite._writes import claim_and_start_in, finish_in, start_in
-from tenure.backends.sqlite.audit import AuditWrites
+from tenure.backends.sqlite.audit import AuditWrites, insert_budget
 from tenure.contracts.errors import IllegalTransition, NotFound
 from tenure.contracts.states import REQUEUEABLE, JobState, WorkerState
 from tenure.contracts.store import JobStore, OffloadStats
@@ -155,6 +155,8 @@ class SqliteStore(AuditWrites):
                 )
                 row = cur.fetchone()
                 if row is not None:
+                    if j.budget_json is not None:
+                        insert_budget(db, j.id, j.budget_json)
                     out.append(Enqueued(_rows.job(row, _rows.comma_list), True))
                     continue
                 found = db.execute(Q["jobs_by_idem"], (j.tenant, j.idem_digest)).fetchone()
