@@ -92,9 +92,10 @@ class LocalClient:
         body = {"approved": approved, "comment": comment}
         return _known(job_id, await self.service.approve(ref_id(job_id), body))
 
-    async def requeue(self, job_id: JobRef) -> Job:
-        """Put a finished job back in the queue (an operator's command)."""
-        return await self.service.requeue(ref_id(job_id))
+    async def requeue(self, job_id: JobRef, **edit: Any) -> Job:
+        """Put a finished job back in the queue (an operator's command); `requeue(id, input=...)` edits its
+        input (recorded in the job's audit)."""
+        return await self.service.requeue(ref_id(job_id), None, edit or None)
 
     async def workers(self, include_gone: bool = False) -> list[WorkerInfo]:
         """The registry."""

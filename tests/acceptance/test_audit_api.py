@@ -90,3 +90,38 @@ async def test_a_budget_on_submit_over_http_stops_a_runaway_and_a_bad_one_is_ref
         for bad in ({"tool_calls": 0}, {"cost": "x"}, {"walls": 1}, [], {}):
             body = is_problem(await a.post("/v1/jobs", json={"agent": "runaway", "budget": bad}), 422)
             assert "budget" in body["detail"] or "limit" in body["detail"], body
+
+
+async def test_a_dead_job_requeued_over_http_with_an_edited_input_runs_again_its_audit_attached(up: Up) -> None:
+    async with (
+        httpx.AsyncClient(base_url=up.url, headers=up.headers("tenant-a"), timeout=30) as a,
+        httpx.AsyncClient(base_url=up.url, headers=up.headers("tenant-b"), timeout=30) as b,
+    ):
+        job_id = (await a.post("/v1/jobs", json={"agent": "researcher", "input": {"succeed_on": 9}})).json()["id"]
+        async with asyncio.timeout(60):
+            while (await a.get(f"/v1/jobs/{job_id}")).json()["state"] != "dead":
+                await asyncio.sleep(0.1)
+        assert job_id in [j["id"] for j in (await a.get("/v1/jobs", params={"state": "dead"})).json()["jobs"]]
+        is_problem(await b.post(f"/v1/jobs/{job_id}/requeue", json={"input": {}}), 404)
+        is_problem(await a.post(f"/v1/jobs/{job_id}/requeue", json={"inputs": 1}), 422)
+        r = await a.post(f"/v1/jobs/{job_id}/requeue", json={"input": {"succeed_on": 1}})
+        assert r.status_code == 200 and r.json()["state"] == "queued" and r.json()["input"] == {"succeed_on": 1}
+        async with asyncio.timeout(30):
+            while (await a.get(f"/v1/jobs/{job_id}")).json()["state"] != "succeeded":
+                await asyncio.sleep(0.1)
+        is_problem(await a.post(f"/v1/jobs/{job_id}/requeue"), 409)  # it succeeded
+        audit = (await a.get(f"/v1/jobs/{job_id}/audit")).json()
+        assert [e["outcome"] for e in audit["executions"]] == ["failed", "failed", "dead", "succeeded"]
+        assert [e["content"]["attempt"] for e in audit["evidence"]] == [1, 2, 3, 1]  # attempts count afresh
+        (edit,) = audit["edits"]
+        assert (edit["epoch"], edit["previous_input"], edit["input"]) == (3, {"succeed_on": 9}, {"succeed_on": 1})
+    # the same from the CLI: a dead job, requeued with --input
+    db = up.db  # type: ignore[attr-defined]
+    async with httpx.AsyncClient(base_url=up.url, headers=up.headers("tenant-a"), timeout=30) as a:
+        other = (await a.post("/v1/jobs", json={"agent": "researcher", "input": {"succeed_on": 9}})).json()["id"]
+        async with asyncio.timeout(60):
+            while (await a.get(f"/v1/jobs/{other}")).json()["state"] != "dead":
+                await asyncio.sleep(0.1)
+    done = tenure(db, "requeue", other, "--input", '{"succeed_on": 1}', "--json", "--app", "tests.apps.audit_app:app")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["input"] == {"succeed_on": 1}

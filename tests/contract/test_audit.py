@@ -120,3 +120,26 @@ async def test_a_budget_is_written_with_its_job_and_read_with_what_was_used(stor
     assert await store.finish("worker-1", [finish(f, x)]) == [job_id]
     ended = await store.read_budget(job_id)
     assert ended is not None and ended.used["wall_s"] >= 0
+
+
+async def test_a_requeue_with_an_edited_input_records_the_edit_and_keeps_the_earlier_audit(store: Store) -> None:
+    job_id = await submit(store, input={"n": 1})
+    claim = await claim_one(store)
+    x = await start_one(store, claim)
+    assert await store.append_audit([record(claim.fence, x, 1)], []) == set()
+    assert await store.finish("worker-1", [finish(claim.fence, x, JobState.FAILED)]) == [job_id]
+    job = await store.requeue(job_id, None, '{"n":2}')
+    assert (job.state, job.input) == (JobState.QUEUED, {"n": 2})
+    records = await store.read_audit(job_id, None, 10)
+    assert [(r.epoch, r.seq, r.kind) for r in records] == [(1, 1, "tool_call"), (1, 2, "requeue")]
+    assert records[1].to_dict()["previous_input"] == {"n": 1} and records[1].execution_id is None
+    assert records[1].data == {"previous_input": {"n": 1}, "input": {"n": 2}}
+    assert (await store.read_events(job_id, None, 10))[-1].payload == {"input_edited": True}
+    again = await claim_one(store)
+    assert (again.fence.epoch, json.loads(again.input_json)) == (2, {"n": 2})
+    # a requeue without an edit changes neither the input nor the audit
+    x2 = await start_one(store, again)
+    assert await store.finish("worker-1", [finish(again.fence, x2, JobState.FAILED)]) == [job_id]
+    assert (await store.requeue(job_id)).input == {"n": 2}
+    assert len(await store.read_audit(job_id, None, 10)) == 2
+    assert (await store.read_events(job_id, None, 10))[-1].payload == {}

@@ -107,8 +107,8 @@ class AfterCommit:
     async def list_jobs(self, flt: JobFilter) -> list[Job]:
         return await self.store.list_jobs(flt)
 
-    async def requeue(self, job_id: str, tenant: str | None = None) -> Job:
-        job = await self.store.requeue(job_id, tenant)  # raises unless it was requeued
+    async def requeue(self, job_id: str, tenant: str | None = None, input_json: str | None = None) -> Job:
+        job = await self.store.requeue(job_id, tenant, input_json)  # raises unless it was requeued
         self.signals.jobs_changed()
         self.signals.events_changed([job_id])
         return job

@@ -149,6 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("requeue", help="put a dead (or failed, lost, expired, cancelled) job back in the queue")
     common(sp)
     sp.add_argument("id")
+    sp.add_argument("--input", help="run it with this input instead: JSON text, @file or - (recorded in its audit)")
     sp.set_defaults(fn=cmd_requeue)
 
     sp = sub.add_parser("demo", help="run the demo on a temporary SQLite file (what `make demo` runs)")

@@ -152,7 +152,7 @@ async def cmd_events(args: argparse.Namespace) -> int:
 
 async def cmd_requeue(args: argparse.Namespace) -> int:
     async def go(client: LocalClient) -> int:
-        job = await client.requeue(args.id)
+        job = await client.requeue(args.id, input=read_input(args.input)) if args.input else await client.requeue(args.id)
         out(args, job.to_dict(), lambda: print(f"requeued {job.id} ({job.agent}); it is {job.state.value}"))
         return 0
 

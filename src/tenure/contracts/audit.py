@@ -20,7 +20,7 @@ from typing import Any
 from tenure.contracts.errors import ConfigError
 from tenure.contracts.types import Fence
 
-RECORD_KINDS = ("tool_call", "evidence", "usage")
+RECORD_KINDS = ("tool_call", "evidence", "usage", "requeue")
 STEP_STATES = ("started", "done", "resolved")
 
 
@@ -48,7 +48,7 @@ class StoredRecord:
     job_id: str
     epoch: int
     seq: int
-    execution_id: str
+    execution_id: str | None  # None: written by the store itself (a requeue's edit)
     kind: str
     name: str
     data: Any
@@ -66,6 +66,8 @@ class StoredRecord:
                 out["duration_s"] = round(self.ended_at - self.started_at, 6)
         elif self.kind == "evidence":
             out |= {"evidence_kind": self.name, "content": self.data}
+        elif self.kind == "requeue":
+            out |= self.data if isinstance(self.data, dict) else {"data": self.data}
         else:
             out |= {"model": self.name or None, "counts": self.data}
         out["ts"] = self.ts

@@ -145,9 +145,11 @@ class JobStore(Protocol):
         """Jobs matching the filter, newest first."""
         ...
 
-    async def requeue(self, job_id: str, tenant: str | None = None) -> Job:
+    async def requeue(self, job_id: str, tenant: str | None = None, input_json: str | None = None) -> Job:
         """Put a terminal (not succeeded) job back in the queue with fresh attempts. Raises NotFound or
-        IllegalTransition."""
+        IllegalTransition. With `input_json`, the job's input becomes it, in the same transaction, and the edit
+        is recorded in its audit (a `requeue` record: the previous input and the new one) and its event
+        (`job.requeued` with `input_edited`)."""
         ...
 
     # -- ownership: the three conditional updates -------------------------------------------------------------

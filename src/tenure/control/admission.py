@@ -273,6 +273,14 @@ class Admission:
             budget_json=None if budget is None else json.dumps(budget),
         )
 
+    def input_of(self, value: Any) -> str:
+        """A job input as the store holds it, held to the rules of admission (JSON every store takes, the size
+        limit): for a requeue with an edited input."""
+        input_json, size = _input_json(value)
+        if size > self.limits.max_input_bytes:
+            raise InputTooLarge(f"input is {size} bytes of JSON; the limit is {self.limits.max_input_bytes} bytes")
+        return input_json
+
     async def admit(self, req: JobRequest) -> Admitted:
         """Admit one job: build → same-process dedupe of its key → gate → enqueue → hint. The answer is the job as
         inserted (or, for a replayed key, the original job): nothing is read back."""

@@ -4,6 +4,7 @@ door, tenant-checked like the job itself (docs/audit.md).
     job_id, state, attempts        the job
     executions                     every attempt, oldest first (a running one with outcome "running")
     tool_calls, evidence, usage    this page of the audit records, each list in (epoch, seq) order
+    edits                          on the same page: requeues that edited the input (previous_input, input)
     steps                          the job's journal, in the order its steps began
     usage_totals                   every usage counter summed over all executions (not only this page)
     next_cursor                    give it as `cursor` for the next page of records; null on the last page
@@ -68,7 +69,7 @@ async def job_audit(
         )
     for n, e in enumerate(executions, start=1):
         e["attempt"] = n
-    by_kind: dict[str, list[dict[str, Any]]] = {"tool_call": [], "evidence": [], "usage": []}
+    by_kind: dict[str, list[dict[str, Any]]] = {"tool_call": [], "evidence": [], "usage": [], "requeue": []}
     for r in records:
         by_kind.setdefault(r.kind, []).append(r.to_dict())
     return {
@@ -80,6 +81,7 @@ async def job_audit(
         "tool_calls": by_kind["tool_call"],
         "evidence": by_kind["evidence"],
         "usage": by_kind["usage"],
+        "edits": by_kind["requeue"],
         "steps": [s.to_dict() for s in await store.read_steps(job.id)],
         "usage_totals": await store.audit_usage(job.id),
         "next_cursor": f"{records[-1].epoch}.{records[-1].seq}" if len(records) == limit else None,

@@ -123,6 +123,15 @@ class InputBody(BaseModel):
     input: Annotated[Any, Field(description="any JSON value")]
 
 
+class RequeueBody(BaseModel):
+    """The body of `POST /v1/jobs/{id}/requeue` (optional): `input` replaces the job's input (`null` included);
+    without it the job runs again with its input as it was."""
+
+    model_config = _STRICT
+
+    input: Annotated[Any, Field(description="any JSON value: the job's new input")] = None
+
+
 class ApprovalBody(BaseModel):
     """The body of `POST /v1/jobs/{id}/approve` (both optional): what `ctx.approval(prompt)` returns."""
 

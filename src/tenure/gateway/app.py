@@ -131,6 +131,7 @@ class Gateway:
             Route("/v1/jobs/{job_id}/approve", self.approve, methods=["POST"]),
             Route("/v1/jobs/{job_id}/events", self.events, methods=["GET"]),
             Route("/v1/jobs/{job_id}/audit", self.audit, methods=["GET"]),
+            Route("/v1/jobs/{job_id}/requeue", self.requeue, methods=["POST"]),
             Route("/v1/workers", self.workers, methods=["GET"]),
             Route("/healthz", self.healthz, methods=["GET"]),
             Route("/readyz", self.readyz, methods=["GET"]),
@@ -273,6 +274,14 @@ class Gateway:
         if cursor and not AUDIT_CURSOR.match(cursor):
             raise Problem(400, "Bad cursor", "cursor is the next_cursor of the previous page (EPOCH.SEQ)", "bad-cursor")
         return JSONResponse(await job_audit(self.jobs, job_id, who.tenant, cursor, limit))
+
+    async def requeue(self, request: Request) -> Response:
+        """POST /v1/jobs/{id}/requeue: a finished, unsuccessful job back in the queue, its input edited if the
+        body has `input` (docs/http-api.md)."""
+        who = self._principal(request)
+        body = await self._body(request) if request.headers.get("content-length", "0") != "0" else None
+        job = await self.jobs.requeue(parse_job_id(request.path_params["job_id"]), who.tenant, body)
+        return JSONResponse(_job_view(job))
 
     async def _control_response(
         self, request: Request, kind: str, send: Callable[[str, str | None], Awaitable[ControlOutcome]]

@@ -26,6 +26,7 @@ from tenure.control.models import (
     JobList,
     JobSpec,
     Problem,
+    RequeueBody,
     WorkerList,
 )
 
@@ -39,6 +40,7 @@ _MODELS: list[tuple[type[BaseModel], JsonSchemaMode]] = [
     (JobSpec, "validation"),
     (InputBody, "validation"),
     (ApprovalBody, "validation"),
+    (RequeueBody, "validation"),
     (JobList, "serialization"),
     (EventPage, "serialization"),
     (ControlAnswer, "serialization"),
@@ -211,6 +213,22 @@ def openapi_document(agents: list[str]) -> dict[str, Any]:
                     "responses": {
                         "200": {"description": "the audit", "content": {"application/json": {"schema": {"type": "object"}}}},
                         "400": _problem("bad cursor or parameter"),
+                        **_COMMON,
+                    },
+                }
+            },
+            "/v1/jobs/{job_id}/requeue": {
+                "post": {
+                    "operationId": "requeueJob",
+                    "description": "Put a dead, failed, lost, expired or cancelled job back in the queue with fresh "
+                    "attempts; a body with `input` replaces its input (the edit is recorded in its audit).",
+                    "parameters": [_JOB_ID],
+                    "requestBody": _body("RequeueBody", required=False),
+                    "responses": {
+                        "200": _json("the job, queued again", "Job"),
+                        "400": _problem("bad JSON"),
+                        "409": _problem("the job is not finished, or it succeeded"),
+                        "422": _problem("the body or its input is refused"),
                         **_COMMON,
                     },
                 }

@@ -10,6 +10,7 @@ from starlette.responses import JSONResponse
 
 from tenure.contracts.errors import (
     IdempotencyConflict,
+    IllegalTransition,
     InputTooLarge,
     InvalidRequest,
     NotFound,
@@ -76,6 +77,8 @@ def from_error(exc: TenureError) -> Problem:
         return Problem(422, "Invalid request", str(exc), "invalid-request")
     if isinstance(exc, NotFound):
         return Problem(404, "Not found", str(exc), "not-found")
+    if isinstance(exc, IllegalTransition):
+        return Problem(409, "Illegal transition", str(exc), "illegal-transition")
     if isinstance(exc, QueueFull):
         p = Problem(429, "Too many queued jobs", str(exc), "queue-full")
         p.headers["Retry-After"] = str(exc.retry_after_s)

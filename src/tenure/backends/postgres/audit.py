@@ -35,6 +35,11 @@ async def enqueue_with_budgets(conn: Any, sql: str, columns: list[list[Any]], jo
     return rows
 
 
+async def edit_input(conn: Any, job_id: str, input_json: str) -> None:
+    """A requeue's edited input and its audit record, inside the requeue's transaction."""
+    await conn.execute(Q["edit_input"], job_id, input_json)
+
+
 def _step(r: Any) -> StepRecord:
     return StepRecord(
         r["job_id"], r["key"], r["state"], r["epoch"], r["execution_id"], r["started_at"], r["ended_at"], r["result"]

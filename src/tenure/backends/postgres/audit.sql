@@ -116,3 +116,16 @@ SELECT b.budget::text,
        (SELECT coalesce(sum(extract(epoch FROM ended_at - started_at)), 0)::float8
           FROM executions WHERE job_id = $1::uuid) AS wall_s
   FROM job_budgets AS b WHERE b.job_id = $1::uuid
+
+-- name: edit_input --
+-- A requeue with an edited input (in the requeue's transaction, after it matched): an audit record of the edit
+-- (the previous input and the new one) after the last record of the job's last epoch, and the new input.
+WITH rec AS (
+    INSERT INTO audit_records (job_id, epoch, seq, execution_id, kind, name, data)
+    SELECT j.id, j.epoch,
+           coalesce((SELECT max(a.seq) FROM audit_records AS a WHERE a.job_id = j.id AND a.epoch = j.epoch), 0) + 1,
+           NULL, 'requeue', 'input', json_build_object('previous_input', j.input, 'input', $2::json)
+      FROM jobs AS j WHERE j.id = $1::uuid
+    RETURNING job_id
+)
+UPDATE jobs SET input = $2::json FROM rec WHERE jobs.id = rec.job_id

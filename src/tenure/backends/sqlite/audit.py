@@ -32,6 +32,12 @@ def insert_budget(db: sqlite3.Connection, job_id: str, budget_json: str) -> None
     db.execute(Q["insert_budget"], (job_id, budget_json))
 
 
+def edit_input(db: sqlite3.Connection, job_id: str, input_json: str) -> None:
+    """A requeue's edited input and its audit record, inside the requeue's write transaction."""
+    db.execute(Q["edit_input"], (job_id, input_json))
+    db.execute(Q["set_input"], (job_id, input_json))
+
+
 def _step(r: sqlite3.Row) -> StepRecord:
     return StepRecord(
         r["job_id"], r["key"], r["state"], r["epoch"], r["execution_id"], r["started_at"], r["ended_at"], r["result"]

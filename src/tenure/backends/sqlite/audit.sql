@@ -64,3 +64,15 @@ SELECT b.budget,
           FROM audit_records WHERE job_id = ?1 AND kind = 'usage') AS cost,
        (SELECT coalesce(sum(ended_at - started_at), 0) FROM executions WHERE job_id = ?1) AS wall_s
   FROM job_budgets AS b WHERE b.job_id = ?1
+
+-- name: edit_input --
+-- A requeue with an edited input (in the requeue's transaction, after it matched): the new input, and an audit
+-- record of the edit (the previous input and the new one) after the last record of the job's last epoch.
+INSERT INTO audit_records (job_id, epoch, seq, execution_id, kind, name, data, ts)
+SELECT id, epoch, coalesce((SELECT max(seq) FROM audit_records WHERE job_id = ?1 AND epoch = jobs.epoch), 0) + 1,
+       NULL, 'requeue', 'input', json_object('previous_input', json(input), 'input', json(?2)), {now}
+  FROM jobs WHERE id = ?1
+
+-- name: set_input --
+-- The edited input of a requeued job.
+UPDATE jobs SET input = ?2 WHERE id = ?1

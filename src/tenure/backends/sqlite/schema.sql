@@ -110,12 +110,13 @@ CREATE INDEX jobs_tenant_state_id ON jobs (tenant, state, id);
 CREATE INDEX jobs_finished ON jobs (finished_at, state, tenant) WHERE finished_at IS NOT NULL;
 
 -- One audit per job across its attempts: an execution's records sit under its epoch, in its own seq order.
--- kind: tool_call (name: the tool), evidence (name: its kind), usage (name: the model or '').
+-- kind: tool_call (name: the tool), evidence (name: its kind), usage (name: the model or ''), and requeue
+-- (name: 'input'): an operator's edit of the input, written by the store itself (no execution).
 CREATE TABLE audit_records (
     job_id       TEXT NOT NULL,
     epoch        INTEGER NOT NULL,
     seq          INTEGER NOT NULL,
-    execution_id TEXT NOT NULL,
+    execution_id TEXT,
     kind         TEXT NOT NULL,
     name         TEXT NOT NULL,
     data         TEXT NOT NULL,

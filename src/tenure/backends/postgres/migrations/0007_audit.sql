@@ -1,11 +1,12 @@
 -- The audit chain and the effect journal (docs/audit.md, docs/journal.md).
 -- One audit per job across its attempts: an execution's records sit under its epoch, in its own seq order.
--- kind: tool_call (name: the tool), evidence (name: its kind), usage (name: the model or '').
+-- kind: tool_call (name: the tool), evidence (name: its kind), usage (name: the model or ''), and requeue
+-- (name: 'input'): an operator's edit of the input, written by the store itself (no execution).
 CREATE TABLE audit_records (
     job_id       uuid NOT NULL,
     epoch        integer NOT NULL,
     seq          integer NOT NULL,
-    execution_id uuid NOT NULL,
+    execution_id uuid,
     kind         text NOT NULL,
     name         text NOT NULL,
     data         json NOT NULL,

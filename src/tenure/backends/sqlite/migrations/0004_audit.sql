@@ -1,11 +1,12 @@
 -- Tenure schema v4 for SQLite: the audit chain and the effect journal (docs/audit.md, docs/journal.md).
 -- One audit per job across its attempts: an execution's records sit under its epoch, in its own seq order.
--- kind: tool_call (name: the tool), evidence (name: its kind), usage (name: the model or '').
+-- kind: tool_call (name: the tool), evidence (name: its kind), usage (name: the model or ''), and requeue
+-- (name: 'input'): an operator's edit of the input, written by the store itself (no execution).
 CREATE TABLE audit_records (
     job_id       TEXT NOT NULL,
     epoch        INTEGER NOT NULL,
     seq          INTEGER NOT NULL,
-    execution_id TEXT NOT NULL,
+    execution_id TEXT,
     kind         TEXT NOT NULL,
     name         TEXT NOT NULL,
     data         TEXT NOT NULL,
