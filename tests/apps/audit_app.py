@@ -103,3 +103,18 @@ async def runaway(ctx: Context, input: Any) -> None:
             ctx.usage(model="gpt-test", input_tokens=90, output_tokens=10)
             call.result(n)
         await asyncio.sleep(0)
+
+
+@app.agent("concurrent_steps", timeout=60, max_attempts=1)
+async def concurrent_steps(ctx: Context, input: Any) -> dict[str, Any]:
+    """Two first steps at once, then the same keys again, then one key twice at once."""
+    path = input["path"]
+
+    async def effect(line: str) -> str:
+        await asyncio.sleep(0.01)
+        return await ctx.to_thread(_append, path, line)
+
+    a, b = await asyncio.gather(ctx.step("a", effect, "a"), ctx.step("b", effect, "b"))
+    again = [await ctx.step("a", effect, "a"), await ctx.step("b", effect, "b")]
+    twice = await asyncio.gather(ctx.step("c", effect, "c"), ctx.step("c", effect, "c"), return_exceptions=True)
+    return {"first": [a, b], "again": again, "twice": [repr(t) if isinstance(t, Exception) else t for t in twice]}

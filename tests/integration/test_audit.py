@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
@@ -115,3 +116,13 @@ async def test_a_malformed_budget_is_refused_at_admission(client: LocalClient) -
 async def _terminal(client: LocalClient, job_id: str) -> Job | None:
     job = await client.job(job_id)
     return job if job.state.terminal else None
+
+
+async def test_concurrent_steps_of_one_execution_run_each_key_once(client: LocalClient, tmp_path: Path) -> None:
+    path = tmp_path / "effects"
+    job_id = (await client.submit("concurrent_steps", {"path": str(path)})).job.id
+    job = await eventually(lambda: _terminal(client, job_id), 30, "the job to end")
+    assert job.state is JobState.SUCCEEDED, job
+    assert job.result["first"] == ["a", "b"] and job.result["again"] == ["a", "b"]
+    assert job.result["twice"][0] == "c" and "already running" in job.result["twice"][1]
+    assert sorted((await asyncio.to_thread(path.read_text)).split()) == ["a", "b", "c"]  # each effect once

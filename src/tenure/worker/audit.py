@@ -116,13 +116,15 @@ class ExecutionAudit:
             if limit == "wall_s":
                 used += time.monotonic() - self._began
             if used >= allowed:
+                await asyncio.sleep(0)  # a handler that catches it in a loop still lets the worker run
                 raise BudgetExhausted(limit, round(used, 6), allowed)
 
     # -- the journal ------------------------------------------------------------------------------------------------
     async def _journal(self) -> dict[str, StepRecord]:
         if self._steps is None:
             steps = await self._x.env.store.read_steps(self._x.fence.job_id)
-            self._steps = {s.key: s for s in steps}
+            if self._steps is None:  # two first steps at once (gather): the first read wins, the cache is one
+                self._steps = {s.key: s for s in steps}
         return self._steps
 
     def _known(self, step: StepRecord) -> Any:
@@ -144,14 +146,22 @@ class ExecutionAudit:
         if key in steps:
             return self._known(steps[key])
         await self.checkpoint()  # a step found done costs nothing; one that would run is new work
-        began = await x.env.store.begin_step(x.fence, x.execution_id, key)
+        if key in steps:  # the same key began while the checkpoint read the budget
+            return self._known(steps[key])
+        # Taken in the cache before the round trip: a concurrent call with the same key is told it is running.
+        steps[key] = StepRecord(x.fence.job_id, key, "started", x.fence.epoch, x.execution_id, time.time(), None, None)
+        try:
+            began = await x.env.store.begin_step(x.fence, x.execution_id, key)
+        except BaseException:
+            steps.pop(key, None)
+            raise
         if began is None:
+            steps.pop(key, None)
             self._lost()
         assert began is not None
-        if began.execution_id != x.execution_id:  # the journal grew since we read it (cannot while we own it)
-            steps[key] = began
-            return self._known(began)
         steps[key] = began
+        if began.execution_id != x.execution_id or began.state != "started":  # it was in the journal already
+            return self._known(began)
         try:
             if inspect.iscoroutinefunction(fn):
                 result = await fn(*args)
