@@ -38,6 +38,7 @@ from tenure.contracts.errors import (
 )
 from tenure.contracts.states import JobState, WorkerState
 from tenure.contracts.types import Event, Job
+from tenure.kernel.audit import tool
 from tenure.kernel.context import Context
 from tenure.kernel.registry import Tenure
 
@@ -109,4 +110,5 @@ __all__ = [
     "WorkerState",
     "__version__",
     "connect",
+    "tool",
 ]

@@ -87,7 +87,7 @@ async def test_a_budget_on_submit_over_http_stops_a_runaway_and_a_bad_one_is_ref
                 await asyncio.sleep(0.1)
         assert job["error_code"] == "budget_exhausted" and "tool_calls" in job["error_message"]
         assert len((await a.get(f"/v1/jobs/{job_id}/audit")).json()["tool_calls"]) == 3
-        for bad in ({"tool_calls": 0}, {"cost": "x"}, {"walls": 1}, [], {}):
+        for bad in ({"tool_calls": 0}, {"cost": "x"}, {"walls": 1}, []):
             body = is_problem(await a.post("/v1/jobs", json={"agent": "runaway", "budget": bad}), 422)
             assert "budget" in body["detail"] or "limit" in body["detail"], body
 
@@ -125,3 +125,6 @@ async def test_a_dead_job_requeued_over_http_with_an_edited_input_runs_again_its
     done = tenure(db, "requeue", other, "--input", '{"succeed_on": 1}', "--json", "--app", "tests.apps.audit_app:app")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["input"] == {"succeed_on": 1}
+    shown = tenure(db, "audit", other, "--app", "tests.apps.audit_app:app")
+    assert shown.returncode == 0, shown.stderr
+    assert any('requeued  input {"succeed_on":9} → {"succeed_on":1}' in line for line in shown.stdout.splitlines())

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tenure import Context, RetryableError, StepUnknown, Tenure
+from tenure import Context, RetryableError, StepUnknown, Tenure, tool
 
 app = Tenure("audit")
 
@@ -118,3 +118,21 @@ async def concurrent_steps(ctx: Context, input: Any) -> dict[str, Any]:
     again = [await ctx.step("a", effect, "a"), await ctx.step("b", effect, "b")]
     twice = await asyncio.gather(ctx.step("c", effect, "c"), ctx.step("c", effect, "c"), return_exceptions=True)
     return {"first": [a, b], "again": again, "twice": [repr(t) if isinstance(t, Exception) else t for t in twice]}
+
+
+@tool()
+async def lookup(ctx: Context, q: str, limit: int = 3) -> list[str]:
+    return [f"{q}-{i}" for i in range(limit)]
+
+
+@tool("word_count")
+def count_words(ctx: Context, text: str) -> int:
+    return len(text.split())
+
+
+@app.agent("tooled", timeout=60, max_attempts=1)
+async def tooled(ctx: Context, input: Any) -> dict[str, Any]:
+    """Tool functions decorated with `tenure.tool`: each call is a tool_call record."""
+    hits = await lookup(ctx, "tenure", limit=2)
+    words = await count_words(ctx, "one two three")
+    return {"hits": hits, "words": words}

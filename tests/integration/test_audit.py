@@ -108,7 +108,7 @@ async def test_a_budget_counts_every_attempt_of_the_job(client: LocalClient) -> 
 
 
 async def test_a_malformed_budget_is_refused_at_admission(client: LocalClient) -> None:
-    for bad in ({"tool_calls": 0}, {"tokens": "many"}, {"cost": -1}, {"wall": 5}, {}, {"tool_calls": 1.5}):
+    for bad in ({"tool_calls": 0}, {"tokens": "many"}, {"cost": -1}, {"wall": 5}, {"tool_calls": 1.5}):
         with pytest.raises(InvalidRequest):
             await client.submit("runaway", None, budget=bad)  # type: ignore[arg-type]
 
@@ -126,3 +126,14 @@ async def test_concurrent_steps_of_one_execution_run_each_key_once(client: Local
     assert job.result["first"] == ["a", "b"] and job.result["again"] == ["a", "b"]
     assert job.result["twice"][0] == "c" and "already running" in job.result["twice"][1]
     assert sorted((await asyncio.to_thread(path.read_text)).split()) == ["a", "b", "c"]  # each effect once
+
+
+async def test_tool_functions_decorated_with_tenure_tool_record_their_calls(client: LocalClient) -> None:
+    job_id = (await client.submit("tooled", None)).job.id
+    job = await eventually(lambda: _terminal(client, job_id), 30, "the job to end")
+    assert job.state is JobState.SUCCEEDED and job.result == {"hits": ["tenure-0", "tenure-1"], "words": 3}
+    calls = (await job_audit(client.service, job_id, None))["tool_calls"]
+    assert [(c["name"], c["arguments"], c["result"]) for c in calls] == [
+        ("lookup", {"q": "tenure", "limit": 2}, ["tenure-0", "tenure-1"]),
+        ("word_count", {"text": "one two three"}, 3),
+    ]

@@ -11,7 +11,7 @@ from tenure.cli._common import out, ts, with_client
 from tenure.control.audit import MAX_PAGE, job_audit
 from tenure.local import LocalClient
 
-_KINDS = ("tool_calls", "evidence", "usage")
+_KINDS = ("tool_calls", "evidence", "usage", "edits")
 
 
 def _short(value: Any, limit: int = 80) -> str:
@@ -26,6 +26,8 @@ def _line(r: dict[str, Any]) -> str:
         return f"  {ts(r['started_at'])}  tool      {r['name']}  {_short(r.get('arguments'))} {outcome}{took}"
     if r["kind"] == "evidence":
         return f"  {ts(r['ts'])}  evidence  {r['evidence_kind']}  {_short(r['content'])}"
+    if r["kind"] == "requeue":
+        return f"  {ts(r['ts'])}  requeued  input {_short(r.get('previous_input'), 60)} → {_short(r.get('input'), 60)}"
     counts = " ".join(f"{k}={v:g}" for k, v in r["counts"].items())
     return f"  {ts(r['ts'])}  usage     {r['model'] or '-'}  {counts}"
 

@@ -252,9 +252,7 @@ class Admission:
         if req.idempotency_key is not None:
             check(KEY, req.idempotency_key, "idempotency_key")
             digest = idem_digest(req.tenant, req.idempotency_key)
-        budget = None if fields.budget is None else fields.budget.model_dump(exclude_none=True)
-        if budget == {}:
-            raise InvalidRequest("a budget names at least one limit: tool_calls, tokens, cost, wall_s")
+        budget = None if fields.budget is None else fields.budget.model_dump(exclude_none=True) or None
         identity: list[Any] = [spec.name, input_json, priority, sorted(requires), deadline_s, max_attempts]
         fingerprint = hashlib.sha256(json.dumps(identity + ([budget] if budget else [])).encode()).digest()
         return NewJob(

@@ -63,7 +63,7 @@ _Positive = Annotated[int, Field(gt=0, le=10**12)] | Annotated[float, Field(gt=0
 
 class Budget(BaseModel):
     """Limits of one job across all its attempts (docs/budgets.md); reaching one ends the job `failed` with code
-    `budget_exhausted`. Every limit is optional; at least one is given."""
+    `budget_exhausted`. Every limit is optional; a budget without any is no budget."""
 
     model_config = _STRICT
 

@@ -12,6 +12,8 @@ inside the block is recorded as the call's error and goes on (the block never sw
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
 import time
 from collections.abc import Callable
 from types import TracebackType
@@ -104,3 +106,33 @@ class ToolCall:
             if exc is None:
                 raise
         return False
+
+
+def tool(name: str | None = None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Make a tool function record each of its calls in the job's audit, like `ctx.tool_call`:
+
+        @tenure.tool()
+        async def search(ctx: tenure.Context, q: str) -> list[str]: ...
+
+        hits = await search(ctx, "tenure")   # one tool_call record: name "search", arguments {"q": "tenure"}
+
+    The function takes the handler's `ctx` first; its other arguments (by name, JSON) are the record's arguments
+    and its return value the result. A plain function runs through the blocking adapter (`ctx.to_thread`)."""
+
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        tool_name = check_name(name or fn.__name__, "a tool's name")
+        signature = inspect.signature(fn)
+        is_async = inspect.iscoroutinefunction(fn)
+
+        @functools.wraps(fn)
+        async def call(ctx: Any, *args: Any, **kwargs: Any) -> Any:
+            bound = signature.bind(ctx, *args, **kwargs)
+            arguments = {k: v for i, (k, v) in enumerate(bound.arguments.items()) if i > 0}
+            async with ctx.tool_call(tool_name, arguments) as record:
+                result = await fn(ctx, *args, **kwargs) if is_async else await ctx.to_thread(fn, ctx, *args, **kwargs)
+                record.result(result)
+            return result
+
+        return call
+
+    return decorate
