@@ -142,11 +142,11 @@ class Settings:
 
 
 # -- parsers: (variable name, text) -> value ---------------------------------------------------------------------
-def _pos_float(name: str, text: str) -> float:
+def _pos_float(name: str, text: str, unit: str = "seconds") -> float:
     try:
         value = float(text)
     except ValueError:
-        raise ConfigError(f"{name} must be a number of seconds, not {text!r}") from None
+        raise ConfigError(f"{name} must be a number of {unit}, not {text!r}") from None
     if not value > 0 or value != value or value == float("inf"):
         raise ConfigError(f"{name} must be a positive, finite number, not {text!r}")
     return value
@@ -239,6 +239,7 @@ _TABLE: dict[str, tuple[str, str, Callable[[str, str], Any]]] = {
     "capabilities": ("worker", "capabilities", _tags),
     "claim_mode": ("worker", "claim_mode", _choice("one_step", "two_step")),
     "prices": ("worker", "prices", lambda name, text: parse_prices(text, name)),
+    "retention_days": ("worker", "retention_days", lambda name, text: _pos_float(name, text, "days")),
     "lag_interval_s": ("worker", "lag_interval_s", _pos_float),
     "stall_threshold_s": ("worker", "stall_threshold_s", _pos_float),
     "degraded_lag_s": ("worker", "degraded_lag_s", _pos_float),

@@ -143,3 +143,35 @@ async def test_a_requeue_with_an_edited_input_records_the_edit_and_keeps_the_ear
     assert (await store.requeue(job_id)).input == {"n": 2}
     assert len(await store.read_audit(job_id, None, 10)) == 2
     assert (await store.read_events(job_id, None, 10))[-1].payload == {}
+
+
+async def test_retention_purges_old_finished_jobs_in_batches_and_never_a_live_one(store: Store) -> None:
+    finished = []
+    for _ in range(3):
+        job_id = await submit(store, "echo")
+        claim = await claim_one(store)
+        x = await start_one(store, claim)
+        assert await store.append_audit([record(claim.fence, x, 1)], [NewEvent(claim.fence, x, 2, "e", "{}")]) == set()
+        assert await store.begin_step(claim.fence, x, "k") is not None
+        assert await store.finish("worker-1", [finish(claim.fence, x, seq=3)]) == [job_id]
+        finished.append(job_id)
+    running_id = await submit(store, "safe", budget={"tool_calls": 3})
+    running = await claim_one(store, agents=("safe",))
+    rx = await start_one(store, running)
+    assert await store.append_audit([record(running.fence, rx, 1)], []) == set()
+    queued = await submit(store, "echo")
+    assert await store.purge_finished(60, 10) == []  # nothing finished a minute ago
+    await asyncio.sleep(0.3)
+    first = await store.purge_finished(0.2, 2)
+    assert len(first) == 2 and set(first) < set(finished)  # a batch at most, oldest first
+    assert set(first) | set(await store.purge_finished(0.2, 10)) == set(finished)
+    for job_id in finished:
+        assert await store.get_job(job_id) is None
+        assert await store.read_events(job_id, None, 10) == [] and await store.list_executions(job_id) == []
+        assert await store.read_audit(job_id, None, 10) == [] and await store.read_steps(job_id) == []
+    # the running and the queued job, and everything of theirs, are untouched
+    assert await store.purge_finished(0.0, 100) == []
+    for job_id in (running_id, queued):
+        assert await store.get_job(job_id) is not None
+    assert len(await store.read_audit(running_id, None, 10)) == 1 and await store.read_budget(running_id) is not None
+    assert [e.type for e in await store.read_events(running_id, None, 10)] == ["execution.started"]

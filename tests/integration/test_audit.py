@@ -5,6 +5,7 @@ TENURE_PRICES; tool calls record their result or their error."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -137,3 +138,25 @@ async def test_tool_functions_decorated_with_tenure_tool_record_their_calls(clie
         ("lookup", {"q": "tenure", "limit": 2}, ["tenure-0", "tenure-1"]),
         ("word_count", {"text": "one two three"}, 3),
     ]
+
+
+async def test_the_sweeper_duty_deletes_jobs_finished_longer_ago_than_the_retention(database_url: str) -> None:
+    config = dataclasses.replace(FAST, retention_days=0.5 / 86400)  # half a second
+    backends = await open_backends(Settings.of(database_url=database_url))
+    worker = Worker(backends, app, config)
+    stop = asyncio.Event()
+    run = asyncio.create_task(worker.run(stop))
+    try:
+        async with connect(app, database_url) as client:
+            job_id = (await client.submit("researcher", {})).job.id
+            await eventually(lambda: _terminal(client, job_id), 30, "the job to end")
+
+            async def gone() -> bool:
+                return await client.store.get_job(job_id) is None
+
+            await eventually(gone, 30, "retention to delete the finished job")
+            assert await client.store.read_audit(job_id, None, 10) == []
+    finally:
+        stop.set()
+        await asyncio.wait_for(run, 20)
+        await backends.close()

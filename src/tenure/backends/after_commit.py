@@ -265,6 +265,9 @@ class AfterCommit:
     async def read_budget(self, job_id: str) -> BudgetUse | None:
         return await self.store.read_budget(job_id)
 
+    async def purge_finished(self, older_than_s: float, limit: int) -> list[str]:
+        return await self.store.purge_finished(older_than_s, limit)
+
     async def read_steps(self, job_id: str) -> list[StepRecord]:
         return await self.store.read_steps(job_id)
 

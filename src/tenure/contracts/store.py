@@ -314,6 +314,13 @@ class JobStore(Protocol):
         used of it so far; None for a job without a budget."""
         ...
 
+    async def purge_finished(self, older_than_s: float, limit: int) -> list[str]:
+        """Retention: delete up to `limit` jobs that finished (a terminal state) more than `older_than_s` seconds
+        ago on the database clock, oldest first, each with its whole history — events, executions, audit
+        records, journal steps, budget, commands — in one transaction. Never a job that is not terminal (a
+        requeued one is not). Returns the ids deleted."""
+        ...
+
     async def read_steps(self, job_id: str) -> list[StepRecord]:
         """A job's journal, in the order its steps began."""
         ...

@@ -14,12 +14,14 @@ from typing import TYPE_CHECKING, Any
 from tenure.backends._queries import load_queries
 from tenure.backends.postgres import _batches
 from tenure.contracts.audit import AuditRecord, BudgetUse, StepRecord, StoredRecord, budget_use, sum_usage
+from tenure.contracts.states import TERMINAL
 from tenure.contracts.types import Fence, NewEvent, NewJob, is_uuid
 
 if TYPE_CHECKING:
     from tenure.backends.postgres._connections import StoreConnections
 
 Q = load_queries("tenure.backends.postgres", "audit.sql")
+_TERMINAL = sorted(s.value for s in TERMINAL)
 
 
 async def enqueue_with_budgets(conn: Any, sql: str, columns: list[list[Any]], jobs: Sequence[NewJob]) -> list[Any]:
@@ -114,6 +116,11 @@ class AuditWrites:
         async with self._db.pooled("read_budget") as conn:
             row = await conn.fetchrow(Q["read_budget"], job_id)
         return None if row is None else budget_use(row["budget"], row)
+
+    async def purge_finished(self, older_than_s: float, limit: int) -> list[str]:
+        async with self._db.pooled("purge_finished") as conn:
+            rows = await conn.fetch(Q["purge_finished"], older_than_s, limit, _TERMINAL)
+        return [r["id"] for r in rows]
 
     async def read_steps(self, job_id: str) -> list[StepRecord]:
         if not is_uuid(job_id):

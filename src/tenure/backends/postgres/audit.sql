@@ -129,3 +129,30 @@ WITH rec AS (
     RETURNING job_id
 )
 UPDATE jobs SET input = $2::json FROM rec WHERE jobs.id = rec.job_id
+
+-- name: purge_finished --
+-- Retention: up to $2 jobs finished more than $1 seconds ago (finished_at is set only in a terminal state, and
+-- cleared by a requeue), oldest first through the jobs_finished index, deleted with their whole history (events,
+-- executions, audit, journal, budget, commands) in one statement. Rows another transaction holds are skipped
+-- (the next pass takes them), and a locked row's state is checked again before it goes.
+WITH gone AS (
+    DELETE FROM jobs
+     WHERE id IN (SELECT id FROM jobs
+                   WHERE finished_at IS NOT NULL AND finished_at < now() - make_interval(secs => $1)
+                     AND state = ANY($3::text[])
+                   ORDER BY finished_at LIMIT $2 FOR UPDATE SKIP LOCKED)
+    RETURNING id
+), e AS (
+    DELETE FROM events WHERE job_id IN (SELECT id FROM gone)
+), x AS (
+    DELETE FROM executions WHERE job_id IN (SELECT id FROM gone)
+), a AS (
+    DELETE FROM audit_records WHERE job_id IN (SELECT id FROM gone)
+), s AS (
+    DELETE FROM journal_steps WHERE job_id IN (SELECT id FROM gone)
+), b AS (
+    DELETE FROM job_budgets WHERE job_id IN (SELECT id FROM gone)
+), c AS (
+    DELETE FROM job_commands WHERE job_id IN (SELECT id FROM gone)
+)
+SELECT id::text FROM gone

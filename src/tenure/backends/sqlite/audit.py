@@ -12,15 +12,18 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
 from tenure.backends._queries import load_queries
-from tenure.backends.sqlite._connection import NOW
+from tenure.backends.sqlite._connection import NOW, split_sql
 from tenure.backends.sqlite._connection import Q as STORE_QUERIES
 from tenure.contracts.audit import AuditRecord, BudgetUse, StepRecord, StoredRecord, budget_use, sum_usage
+from tenure.contracts.states import TERMINAL
 from tenure.contracts.types import Fence, NewEvent
 
 Q = load_queries("tenure.backends.sqlite", "audit.sql", substitutions={"now": NOW})
 _FENCE_OWNS = STORE_QUERIES["fence_owns"]
 _INSERT_EVENT = STORE_QUERIES["insert_event"]
 T = TypeVar("T")
+_TERMINAL = json.dumps(sorted(s.value for s in TERMINAL))
+_PURGE_HISTORY = split_sql(Q["purge_history"])
 
 
 def _owns(db: sqlite3.Connection, f: Fence) -> bool:
@@ -107,6 +110,23 @@ class AuditWrites:
     async def read_budget(self, job_id: str) -> BudgetUse | None:
         row = await self._read(lambda db: db.execute(Q["read_budget"], (job_id,)).fetchone())
         return None if row is None else budget_use(row["budget"], row)
+
+    async def purge_finished(self, older_than_s: float, limit: int) -> list[str]:
+        args = (older_than_s, limit, _TERMINAL)
+        candidates = await self._read(lambda db: [r["id"] for r in db.execute(Q["old_finished_jobs"], args).fetchall()])
+        if not candidates:
+            return []
+
+        def fn(db: sqlite3.Connection) -> list[str]:
+            gone = []
+            for job_id in candidates:
+                if db.execute(Q["purge_job"], (job_id, older_than_s, _TERMINAL)).fetchone() is not None:
+                    for statement in _PURGE_HISTORY:
+                        db.execute(statement, (job_id,))
+                    gone.append(job_id)
+            return gone
+
+        return await self._write(fn, "purge_finished")
 
     async def read_steps(self, job_id: str) -> list[StepRecord]:
         rows = await self._read(lambda db: db.execute(Q["read_steps"], (job_id,)).fetchall())

@@ -76,3 +76,27 @@ SELECT id, epoch, coalesce((SELECT max(seq) FROM audit_records WHERE job_id = ?1
 -- name: set_input --
 -- The edited input of a requeued job.
 UPDATE jobs SET input = ?2 WHERE id = ?1
+
+-- name: old_finished_jobs --
+-- Retention: up to ?2 jobs finished more than ?1 seconds ago (finished_at is set only in a terminal state, and
+-- cleared by a requeue), oldest first, through the jobs_finished index. Read-only: a pass that finds nothing
+-- takes no write lock.
+SELECT id FROM jobs
+ WHERE finished_at IS NOT NULL AND finished_at < {now} - ?1 AND state IN (SELECT value FROM json_each(?3))
+ ORDER BY finished_at LIMIT ?2
+
+-- name: purge_job --
+-- Retention, inside the write transaction: delete the job row if it is still finished and old (a requeue in
+-- between keeps it); its history goes with it (purge_history).
+DELETE FROM jobs
+ WHERE id = ?1 AND finished_at IS NOT NULL AND finished_at < {now} - ?2 AND state IN (SELECT value FROM json_each(?3))
+RETURNING id
+
+-- name: purge_history --
+-- Retention: every row of a purged job's history (events, executions, audit, journal, budget, commands).
+DELETE FROM events WHERE job_id = ?1;
+DELETE FROM executions WHERE job_id = ?1;
+DELETE FROM audit_records WHERE job_id = ?1;
+DELETE FROM journal_steps WHERE job_id = ?1;
+DELETE FROM job_budgets WHERE job_id = ?1;
+DELETE FROM job_commands WHERE job_id = ?1
