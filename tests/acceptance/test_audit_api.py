@@ -128,3 +128,28 @@ async def test_a_dead_job_requeued_over_http_with_an_edited_input_runs_again_its
     shown = tenure(db, "audit", other, "--app", "tests.apps.audit_app:app")
     assert shown.returncode == 0, shown.stderr
     assert any('requeued  input {"succeed_on":9} → {"succeed_on":1}' in line for line in shown.stdout.splitlines())
+
+
+async def test_usage_over_http_is_the_callers_own_and_the_cli_sums_it_per_model(up: Up) -> None:
+    async with (
+        httpx.AsyncClient(base_url=up.url, headers=up.headers("tenant-b"), timeout=30) as b,
+        httpx.AsyncClient(base_url=up.url, headers=up.headers(None), timeout=30) as admin,
+    ):
+        job_id = (await b.post("/v1/jobs", json={"agent": "researcher", "input": {}})).json()["id"]
+        async with asyncio.timeout(30):
+            while (await b.get(f"/v1/jobs/{job_id}")).json()["state"] != "succeeded":
+                await asyncio.sleep(0.1)
+        mine = (await b.get("/v1/usage")).json()
+        assert [(g["key"], g["reports"], g["input_tokens"]) for g in mine["groups"]] == [("tenant-b", 1, 100)]
+        assert mine["total"]["cost_usd"] == pytest.approx((100 * 0.5 + 10 * 2.0) / 1000)
+        everyone = (await admin.get("/v1/usage", params={"group_by": "model"})).json()
+        assert [g["key"] for g in everyone["groups"]] == ["gpt-test"] and everyone["total"]["reports"] >= 1
+        assert (await b.get("/v1/usage", params={"from": 4e10})).json()["groups"] == []
+        is_problem(await b.get("/v1/usage", params={"group_by": "day"}), 422)
+        is_problem(await b.get("/v1/usage", params={"from": "yesterday"}), 400)
+    db = up.db  # type: ignore[attr-defined]
+    shown = tenure(db, "usage", "--group-by", "model", "--json")
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["groups"][0]["key"] == "gpt-test"
+    table = tenure(db, "usage")
+    assert table.returncode == 0 and "tenant-b" in table.stdout and table.stdout.splitlines()[-1].startswith("total")

@@ -175,3 +175,23 @@ async def test_retention_purges_old_finished_jobs_in_batches_and_never_a_live_on
         assert await store.get_job(job_id) is not None
     assert len(await store.read_audit(running_id, None, 10)) == 1 and await store.read_budget(running_id) is not None
     assert [e.type for e in await store.read_events(running_id, None, 10)] == ["execution.started"]
+
+
+async def test_usage_is_reported_per_tenant_agent_and_model_within_a_window(store: Store) -> None:
+    before = await store.server_time()
+    for tenant, model, tokens in (("t1", "m1", 10), ("t1", "m2", 20), ("t2", "m1", 5)):
+        await submit(store, "echo", tenant=tenant)
+        claim = await claim_one(store)
+        x = await start_one(store, claim)
+        usage = record(claim.fence, x, 1, "usage", model, input_tokens=tokens, output_tokens=1, cost_usd=0.5)
+        assert await store.append_audit([usage], []) == set()
+    after = await store.server_time() + 1
+    by_tenant = await store.usage_report(before - 1, after, "tenant", None)
+    assert [(g["key"], g["reports"], g["input_tokens"], g["cost_usd"]) for g in by_tenant] == [
+        ("t1", 2, 30, 1.0),
+        ("t2", 1, 5, 0.5),
+    ]
+    by_model = await store.usage_report(before - 1, after, "model", "t1")
+    assert [(g["key"], g["input_tokens"], g["output_tokens"]) for g in by_model] == [("m1", 10, 1), ("m2", 20, 1)]
+    assert [g["key"] for g in await store.usage_report(before - 1, after, "agent", None)] == ["echo"]
+    assert await store.usage_report(after, after + 10, "tenant", None) == []

@@ -21,7 +21,7 @@ says which write wakes whom, whatever the transport. Reads and the other writes 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from tenure.contracts.audit import AuditRecord, BudgetUse, StepRecord, StoredRecord
 from tenure.contracts.states import WorkerState
@@ -267,6 +267,9 @@ class AfterCommit:
 
     async def purge_finished(self, older_than_s: float, limit: int) -> list[str]:
         return await self.store.purge_finished(older_than_s, limit)
+
+    async def usage_report(self, from_s: float, to_s: float, group_by: str, tenant: str | None) -> list[dict[str, Any]]:
+        return await self.store.usage_report(from_s, to_s, group_by, tenant)
 
     async def read_steps(self, job_id: str) -> list[StepRecord]:
         return await self.store.read_steps(job_id)

@@ -4,7 +4,7 @@ paragraph and exit non-zero (2 for bad usage or configuration, 1 for everything 
     _common.py   settings, output, input, the gateway client
     run.py       migrate, worker, gateway, up, doctor, demo, mock-model
     jobs.py      submit, tail, cancel, approve, jobs, job, events, requeue, workers
-    audit.py     audit
+    audit.py     audit, usage
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import asyncio
 import sys
 
 from tenure.cli._common import setup_cli_logging
-from tenure.cli.audit import cmd_audit
+from tenure.cli.audit import cmd_audit, cmd_usage
 from tenure.cli.jobs import (
     cmd_approve,
     cmd_cancel,
@@ -145,6 +145,13 @@ def build_parser() -> argparse.ArgumentParser:
     common(sp)
     sp.add_argument("id")
     sp.set_defaults(fn=cmd_audit)
+
+    sp = sub.add_parser("usage", help="usage (ctx.usage) summed per tenant, agent or model")
+    common(sp)
+    sp.add_argument("--from", dest="from_s", type=float, help="from this time (epoch seconds; default: all time)")
+    sp.add_argument("--to", dest="to_s", type=float, help="until this time (epoch seconds, excluded)")
+    sp.add_argument("--group-by", choices=["tenant", "agent", "model"], default="tenant")
+    sp.set_defaults(fn=cmd_usage)
 
     sp = sub.add_parser("requeue", help="put a dead (or failed, lost, expired, cancelled) job back in the queue")
     common(sp)

@@ -1,5 +1,5 @@
 """`tenure audit ID`: a job's audit as a readable timeline (or, with --json, the `GET /v1/jobs/{id}/audit` view
-with every page of records joined)."""
+with every page of records joined); `tenure usage`: usage summed per tenant, agent or model."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 from tenure.cli._common import out, ts, with_client
-from tenure.control.audit import MAX_PAGE, job_audit
+from tenure.control.audit import MAX_PAGE, job_audit, usage_report
 from tenure.local import LocalClient
 
 _KINDS = ("tool_calls", "evidence", "usage", "edits")
@@ -60,6 +60,24 @@ async def cmd_audit(args: argparse.Namespace) -> int:
                 view[k] += page[k]
             view["next_cursor"] = page["next_cursor"]
         out(args, view, lambda: print_timeline(view))
+        return 0
+
+    return await with_client(args, go)
+
+
+async def cmd_usage(args: argparse.Namespace) -> int:
+    async def go(client: LocalClient) -> int:
+        report = await usage_report(client.service, None, args.from_s, args.to_s, args.group_by)
+
+        def human() -> None:
+            print(f"{args.group_by.upper():24}  {'REPORTS':>8}  {'INPUT':>12}  {'OUTPUT':>12}  {'COST USD':>12}")
+            for g in [*report["groups"], {"key": "total", **report["total"]}]:
+                print(
+                    f"{g['key'] or '-'!s:24.24}  {g['reports']:>8}  {g['input_tokens']:>12g}  "
+                    f"{g['output_tokens']:>12g}  {g['cost_usd']:>12.4f}"
+                )
+
+        out(args, report, human)
         return 0
 
     return await with_client(args, go)

@@ -122,6 +122,17 @@ def budget_use(budget_json: str, row: Mapping[str, Any]) -> BudgetUse:
     return BudgetUse(json.loads(budget_json), {k: float(row[k] or 0) for k in BUDGET_LIMITS})
 
 
+USAGE_GROUPS = ("tenant", "agent", "model")
+USAGE_COUNTERS = ("reports", "input_tokens", "output_tokens", "cost_usd")
+
+
+def usage_row(key: str | None, row: Mapping[str, Any]) -> dict[str, Any]:
+    """One group of a usage report: its key and the sums of the usage records in it."""
+    out: dict[str, Any] = {"key": key}
+    out |= {c: (int(row[c]) if c == "reports" else float(row[c] or 0)) for c in USAGE_COUNTERS}
+    return out
+
+
 # -- usage and prices -----------------------------------------------------------------------------------------------
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, TypeVar, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from tenure.contracts.audit import AuditRecord, BudgetUse, StepRecord, StoredRecord
 from tenure.contracts.states import JobState, WorkerState
@@ -319,6 +319,12 @@ class JobStore(Protocol):
         ago on the database clock, oldest first, each with its whole history — events, executions, audit
         records, journal steps, budget, commands — in one transaction. Never a job that is not terminal (a
         requeued one is not). Returns the ids deleted."""
+        ...
+
+    async def usage_report(self, from_s: float, to_s: float, group_by: str, tenant: str | None) -> list[dict[str, Any]]:
+        """The usage records written in [from_s, to_s) (epoch seconds, database clock), of one tenant or all,
+        summed per `group_by` (`tenant`, `agent` or `model`): `key`, `reports`, `input_tokens`, `output_tokens`,
+        `cost_usd`, ordered by key."""
         ...
 
     async def read_steps(self, job_id: str) -> list[StepRecord]:

@@ -12,9 +12,11 @@ door, tenant-checked like the job itself (docs/audit.md).
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
+from tenure.contracts.audit import USAGE_COUNTERS, USAGE_GROUPS
 from tenure.contracts.errors import InvalidRequest
 from tenure.control.jobs import JobsService
 
@@ -86,3 +88,23 @@ async def job_audit(
         "usage_totals": await store.audit_usage(job.id),
         "next_cursor": f"{records[-1].epoch}.{records[-1].seq}" if len(records) == limit else None,
     }
+
+
+MAX_TIME = 1e11
+"""The default end of a usage window (epoch seconds): after every record."""
+
+
+async def usage_report(
+    jobs: JobsService, tenant: str | None, from_s: float | None, to_s: float | None, group_by: str = "tenant"
+) -> dict[str, Any]:
+    """`GET /v1/usage` and `tenure usage`: the usage records of [from, to) (epoch seconds; default all time), of
+    the caller's tenant (None: every tenant), summed per tenant, agent or model, with the total."""
+    if group_by not in USAGE_GROUPS:
+        raise InvalidRequest(f"group_by must be one of {', '.join(USAGE_GROUPS)}")
+    start, end = 0.0 if from_s is None else from_s, MAX_TIME if to_s is None else to_s
+    for name, value in (("from", start), ("to", end)):
+        if not (math.isfinite(value) and 0 <= value <= MAX_TIME):
+            raise InvalidRequest(f"{name} is a time in epoch seconds")
+    groups = await jobs.store.usage_report(start, end, group_by, tenant)
+    total = {c: sum(g[c] for g in groups) for c in USAGE_COUNTERS}
+    return {"from": from_s, "to": to_s, "group_by": group_by, "groups": groups, "total": total}

@@ -37,7 +37,7 @@ from tenure.contracts.store import Backends
 from tenure.contracts.text import dumps
 from tenure.contracts.types import AgentSpec, ControlOutcome, Job, JobFilter, is_uuid
 from tenure.control.admission import ENVELOPE_DEPTH, Admission, AdmissionLimits, parse_json
-from tenure.control.audit import AUDIT_CURSOR, DEFAULT_PAGE, MAX_PAGE, job_audit
+from tenure.control.audit import AUDIT_CURSOR, DEFAULT_PAGE, MAX_PAGE, job_audit, usage_report
 from tenure.control.gate import GateConfig
 from tenure.control.jobs import MAX_WAIT_S, JobsService
 from tenure.control.models import JobSpec, shown, validated
@@ -132,6 +132,7 @@ class Gateway:
             Route("/v1/jobs/{job_id}/events", self.events, methods=["GET"]),
             Route("/v1/jobs/{job_id}/audit", self.audit, methods=["GET"]),
             Route("/v1/jobs/{job_id}/requeue", self.requeue, methods=["POST"]),
+            Route("/v1/usage", self.usage, methods=["GET"]),
             Route("/v1/workers", self.workers, methods=["GET"]),
             Route("/healthz", self.healthz, methods=["GET"]),
             Route("/readyz", self.readyz, methods=["GET"]),
@@ -283,6 +284,14 @@ class Gateway:
         job = await self.jobs.requeue(parse_job_id(request.path_params["job_id"]), who.tenant, body)
         return JSONResponse(_job_view(job))
 
+    async def usage(self, request: Request) -> Response:
+        """GET /v1/usage?from=&to=&group_by=: the caller's usage records summed per tenant, agent or model."""
+        who = self._principal(request)
+        q = request.query_params
+        bounds = [_epoch(q.get(name), name) for name in ("from", "to")]
+        report = await usage_report(self.jobs, who.tenant, bounds[0], bounds[1], q.get("group_by") or "tenant")
+        return JSONResponse(report)
+
     async def _control_response(
         self, request: Request, kind: str, send: Callable[[str, str | None], Awaitable[ControlOutcome]]
     ) -> Response:
@@ -407,6 +416,15 @@ class Gateway:
         await ws.accept()
         cfg = self.config
         await WsSession(self.jobs, self.hub, ws, who, queue=cfg.ws_queue, max_subscriptions=cfg.ws_max_subscriptions).run()
+
+
+def _epoch(text: str | None, name: str) -> float | None:
+    if not text:
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise Problem(400, "Bad parameter", f"{name} is a time in epoch seconds", "bad-parameter") from None
 
 
 def _float(text: str, name: str) -> float:

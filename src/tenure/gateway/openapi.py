@@ -233,6 +233,27 @@ def openapi_document(agents: list[str]) -> dict[str, Any]:
                     },
                 }
             },
+            "/v1/usage": {
+                "get": {
+                    "operationId": "usageReport",
+                    "description": "The caller's usage records (ctx.usage) between two times, summed per tenant, "
+                    "agent or model (docs/audit.md).",
+                    "parameters": [
+                        _query("from", {"type": "number", "minimum": 0, "maximum": 1e11}),
+                        _query("to", {"type": "number", "minimum": 0, "maximum": 1e11}),
+                        _query("group_by", {"type": "string", "enum": ["tenant", "agent", "model"]}),
+                    ],
+                    "responses": {
+                        "200": {
+                            "description": "the report",
+                            "content": {"application/json": {"schema": {"type": "object"}}},
+                        },
+                        "400": _problem("bad parameter"),
+                        "401": _problem("no valid API key"),
+                        "422": _problem("bad group_by or time"),
+                    },
+                }
+            },
             "/v1/workers": {
                 "get": {
                     "operationId": "listWorkers",

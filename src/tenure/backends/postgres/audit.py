@@ -13,7 +13,15 @@ from typing import TYPE_CHECKING, Any
 
 from tenure.backends._queries import load_queries
 from tenure.backends.postgres import _batches
-from tenure.contracts.audit import AuditRecord, BudgetUse, StepRecord, StoredRecord, budget_use, sum_usage
+from tenure.contracts.audit import (
+    AuditRecord,
+    BudgetUse,
+    StepRecord,
+    StoredRecord,
+    budget_use,
+    sum_usage,
+    usage_row,
+)
 from tenure.contracts.states import TERMINAL
 from tenure.contracts.types import Fence, NewEvent, NewJob, is_uuid
 
@@ -121,6 +129,11 @@ class AuditWrites:
         async with self._db.pooled("purge_finished") as conn:
             rows = await conn.fetch(Q["purge_finished"], older_than_s, limit, _TERMINAL)
         return [r["id"] for r in rows]
+
+    async def usage_report(self, from_s: float, to_s: float, group_by: str, tenant: str | None) -> list[dict[str, Any]]:
+        async with self._db.pooled("usage_report") as conn:
+            rows = await conn.fetch(Q["usage_report"], from_s, to_s, group_by, tenant)
+        return [usage_row(r["k"] or None, r) for r in rows]
 
     async def read_steps(self, job_id: str) -> list[StepRecord]:
         if not is_uuid(job_id):

@@ -156,3 +156,15 @@ WITH gone AS (
     DELETE FROM job_commands WHERE job_id IN (SELECT id FROM gone)
 )
 SELECT id::text FROM gone
+
+-- name: usage_report --
+-- Usage reports between two times ($1 <= ts < $2, epoch seconds), optionally of one tenant ($4), summed per
+-- group: $3 is 'tenant', 'agent' or 'model'.
+SELECT CASE $3::text WHEN 'tenant' THEN j.tenant WHEN 'agent' THEN j.agent ELSE a.name END AS k,
+       count(*) AS reports,
+       coalesce(sum((a.data->>'input_tokens')::float8), 0) AS input_tokens,
+       coalesce(sum((a.data->>'output_tokens')::float8), 0) AS output_tokens,
+       coalesce(sum((a.data->>'cost_usd')::float8), 0) AS cost_usd
+  FROM audit_records AS a JOIN jobs AS j ON j.id = a.job_id
+ WHERE a.kind = 'usage' AND a.ts >= to_timestamp($1) AND a.ts < to_timestamp($2) AND ($4::text IS NULL OR j.tenant = $4)
+ GROUP BY 1 ORDER BY 1

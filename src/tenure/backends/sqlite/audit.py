@@ -9,12 +9,20 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from tenure.backends._queries import load_queries
 from tenure.backends.sqlite._connection import NOW, split_sql
 from tenure.backends.sqlite._connection import Q as STORE_QUERIES
-from tenure.contracts.audit import AuditRecord, BudgetUse, StepRecord, StoredRecord, budget_use, sum_usage
+from tenure.contracts.audit import (
+    AuditRecord,
+    BudgetUse,
+    StepRecord,
+    StoredRecord,
+    budget_use,
+    sum_usage,
+    usage_row,
+)
 from tenure.contracts.states import TERMINAL
 from tenure.contracts.types import Fence, NewEvent
 
@@ -127,6 +135,11 @@ class AuditWrites:
             return gone
 
         return await self._write(fn, "purge_finished")
+
+    async def usage_report(self, from_s: float, to_s: float, group_by: str, tenant: str | None) -> list[dict[str, Any]]:
+        args = (from_s, to_s, group_by, tenant)
+        rows = await self._read(lambda db: db.execute(Q["usage_report"], args).fetchall())
+        return [usage_row(r["k"] or None, r) for r in rows]
 
     async def read_steps(self, job_id: str) -> list[StepRecord]:
         rows = await self._read(lambda db: db.execute(Q["read_steps"], (job_id,)).fetchall())

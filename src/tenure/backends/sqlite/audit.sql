@@ -100,3 +100,15 @@ DELETE FROM audit_records WHERE job_id = ?1;
 DELETE FROM journal_steps WHERE job_id = ?1;
 DELETE FROM job_budgets WHERE job_id = ?1;
 DELETE FROM job_commands WHERE job_id = ?1
+
+-- name: usage_report --
+-- Usage reports between two times (?1 <= ts < ?2), optionally of one tenant (?4), summed per group: ?3 is
+-- 'tenant', 'agent' or 'model'.
+SELECT CASE ?3 WHEN 'tenant' THEN j.tenant WHEN 'agent' THEN j.agent ELSE a.name END AS k,
+       count(*) AS reports,
+       coalesce(sum(json_extract(a.data, '$.input_tokens')), 0) AS input_tokens,
+       coalesce(sum(json_extract(a.data, '$.output_tokens')), 0) AS output_tokens,
+       coalesce(sum(json_extract(a.data, '$.cost_usd')), 0) AS cost_usd
+  FROM audit_records AS a JOIN jobs AS j ON j.id = a.job_id
+ WHERE a.kind = 'usage' AND a.ts >= ?1 AND a.ts < ?2 AND (?4 IS NULL OR j.tenant = ?4)
+ GROUP BY k ORDER BY k

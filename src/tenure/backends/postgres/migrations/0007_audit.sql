@@ -36,3 +36,6 @@ CREATE TABLE job_budgets (
     job_id uuid PRIMARY KEY,
     budget json NOT NULL
 );
+
+-- Usage reports by time, for GET /v1/usage.
+CREATE INDEX audit_records_usage ON audit_records (ts) WHERE kind = 'usage';
