@@ -30,6 +30,7 @@ from tenure.contracts.errors import ConfigError
 from tenure.contracts.quotas import QuotaSpec, parse_quotas, quotas_from_table
 from tenure.control.admission import AdmissionLimits
 from tenure.control.gate import GateConfig
+from tenure.control.tenant_budgets import parse_tenant_budgets
 from tenure.worker.config import WorkerConfig
 
 DEFAULT_APP = "tenure.demos.examples:app"
@@ -246,6 +247,7 @@ _TABLE: dict[str, tuple[str, str, Callable[[str, str], Any]]] = {
     "degraded_for_s": ("worker", "degraded_for_s", _pos_float),
     "max_input_bytes": ("limits", "max_input_bytes", _pos_int),
     "default_deadline_s": ("limits", "default_deadline_s", _pos_float),
+    "tenant_budgets": ("limits", "tenant_budgets", lambda name, text: parse_tenant_budgets(text, name)),
     "max_queued": ("gate", "max_queued", _pos_int),
     "max_queued_per_tenant": ("gate", "max_queued_per_tenant", _pos_int),
     "breaker_threshold": ("gate", "breaker_threshold", _pos_int),

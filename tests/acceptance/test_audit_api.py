@@ -17,13 +17,14 @@ from tests.acceptance.up import Up
 
 pytestmark = pytest.mark.slow
 PRICES = {"gpt-test": {"input": 0.5, "output": 2.0}}
+TENANT_BUDGETS = {"tenant-b": {"tokens": 100}}  # one researcher attempt reports 110
 
 
 @pytest.fixture(scope="module")
 def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
     d = tmp_path_factory.mktemp("audit")
     server = Up(f"sqlite:///{d}/tenure.db", d, workers=1, app="tests.apps.audit_app:app",
-                env={"TENURE_PRICES": json.dumps(PRICES)})  # fmt: skip
+                env={"TENURE_PRICES": json.dumps(PRICES), "TENURE_TENANT_BUDGETS": json.dumps(TENANT_BUDGETS)})  # fmt: skip
     server.db = f"sqlite:///{d}/tenure.db"  # type: ignore[attr-defined]
     yield server
     assert server.stop() == 0, server.log()
@@ -147,6 +148,11 @@ async def test_usage_over_http_is_the_callers_own_and_the_cli_sums_it_per_model(
         assert (await b.get("/v1/usage", params={"from": 4e10})).json()["groups"] == []
         is_problem(await b.get("/v1/usage", params={"group_by": "day"}), 422)
         is_problem(await b.get("/v1/usage", params={"from": "yesterday"}), 400)
+        # tenant-b is now over its token budget (TENURE_TENANT_BUDGETS): refused at admission, with the reason
+        over = await b.post("/v1/jobs", json={"agent": "researcher", "input": {}})
+        body = is_problem(over, 429)
+        assert "tenant 'tenant-b' is over its tokens budget: 110 used of 100" in body["detail"], body
+        assert over.headers["retry-after"]
     db = up.db  # type: ignore[attr-defined]
     shown = tenure(db, "usage", "--group-by", "model", "--json")
     assert shown.returncode == 0, shown.stderr

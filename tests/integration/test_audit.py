@@ -13,10 +13,11 @@ import pytest
 
 from tenure.app import open_backends
 from tenure.contracts.audit import Price
-from tenure.contracts.errors import InvalidRequest
+from tenure.contracts.errors import ConfigError, InvalidRequest
 from tenure.contracts.states import JobState
 from tenure.contracts.types import Job
 from tenure.control.audit import job_audit
+from tenure.control.tenant_budgets import TenantBudget, TenantBudgetExhausted, parse_tenant_budgets
 from tenure.local import LocalClient, connect
 from tenure.settings import Settings
 from tenure.worker import Worker, WorkerConfig
@@ -160,3 +161,27 @@ async def test_the_sweeper_duty_deletes_jobs_finished_longer_ago_than_the_retent
         stop.set()
         await asyncio.wait_for(run, 20)
         await backends.close()
+
+
+async def test_a_tenant_over_its_token_budget_is_refused_at_admission_with_the_reason(
+    client: LocalClient, database_url: str
+) -> None:
+    budgets = parse_tenant_budgets('{"frugal": {"tokens": 100, "window_s": 3600}}')
+    settings = Settings.of(database_url=database_url, tenant_budgets=budgets)
+    async with connect(app, settings=settings) as c:
+        first = (await c.submit("researcher", {}, tenant="frugal")).job.id  # nothing used yet
+        job = await eventually(lambda: _terminal(client, first), 30, "the first job to end")
+        assert job.state is JobState.SUCCEEDED  # it reported 100 + 10 tokens
+        with pytest.raises(TenantBudgetExhausted) as refused:
+            await c.submit("researcher", {}, tenant="frugal")
+        assert "tenant 'frugal' is over its tokens budget: 110 used of 100 in the last 3600 s" in str(refused.value)
+        assert (await c.submit("researcher", {}, tenant="other")).created  # another tenant is not held back
+
+
+def test_tenant_budgets_are_validated_at_start_up() -> None:
+    assert parse_tenant_budgets('{"a": {"cost": 5}}')["a"] == TenantBudget(None, 5, 86400.0)
+    for bad in ("[]", '{"a": {}}', '{"a": {"window_s": 5}}', '{"a": {"tokens": -1}}', '{"a": {"toks": 1}}', "x"):
+        with pytest.raises(ConfigError):
+            parse_tenant_budgets(bad)
+    with pytest.raises(ConfigError):
+        Settings.from_env({"TENURE_TENANT_BUDGETS": '{"a": {"tokens": true}}'})

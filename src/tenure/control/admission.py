@@ -24,7 +24,7 @@ import math
 import re
 import sys
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from tenure.contracts.errors import (
@@ -40,6 +40,7 @@ from tenure.contracts.text import holds_nul
 from tenure.contracts.types import DEFAULT_TENANT, AgentSpec, Enqueued, Job, NewJob, check_replay, new_id
 from tenure.control.gate import CircuitOpen, Gate, GateConfig, GateObserver, QueueFull
 from tenure.control.models import KEY, TENANT, JobSpec, check, shown, validated
+from tenure.control.tenant_budgets import TenantBudget, check_tenant_budgets
 
 HINT_TIMEOUT_S = 0.5
 """The longest a submit waits for the ready index to take its hint (it is an accelerator, never the truth)."""
@@ -164,6 +165,8 @@ class AdmissionLimits:
 
     max_input_bytes: int = 1024 * 1024
     default_deadline_s: float | None = 300.0
+    # TENURE_TENANT_BUDGETS (control/tenant_budgets.py): tenants refused new jobs while over their usage budget.
+    tenant_budgets: Mapping[str, TenantBudget] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -296,6 +299,8 @@ class Admission:
         demand: dict[tuple[str, str], int] = {}
         for j in jobs:
             demand[(j.tenant, j.agent)] = demand.get((j.tenant, j.agent), 0) + 1
+        if self.limits.tenant_budgets:
+            await check_tenant_budgets(self.store, self.limits.tenant_budgets, [j.tenant for j in jobs])
         await self.gate.check(demand)
         out = await self.store.enqueue(jobs)
         await self.hint(jobs, out)
@@ -303,6 +308,8 @@ class Admission:
 
     async def _admit(self, job: NewJob) -> Admitted:
         try:
+            if self.limits.tenant_budgets:
+                await check_tenant_budgets(self.store, self.limits.tenant_budgets, [job.tenant])
             await self.gate.check({(job.tenant, job.agent): 1})
         except (QueueFull, CircuitOpen):
             # A replay of a key answers its original job even while the caps or the circuit refuse new work:
