@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -95,6 +95,7 @@ class Client:
         requires: Sequence[str] | None = None,
         deadline_s: float | None = None,
         max_attempts: int | None = None,
+        budget: Mapping[str, float] | None = None,
     ) -> Admitted:
         """Admit a job: the job (the original one when the idempotency key was seen: `created` is False)."""
         body: dict[str, Any] = {"agent": agent, "input": input}
@@ -103,6 +104,7 @@ class Client:
             ("requires", list(requires) if requires else None),
             ("deadline_s", deadline_s),
             ("max_attempts", max_attempts),
+            ("budget", dict(budget) if budget is not None else None),
         ):
             if v is not None:
                 body[k] = v

@@ -25,10 +25,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from tenure.contracts.audit import parse_prices
 from tenure.contracts.errors import ConfigError
 from tenure.contracts.quotas import QuotaSpec, parse_quotas, quotas_from_table
 from tenure.control.admission import AdmissionLimits
 from tenure.control.gate import GateConfig
+from tenure.control.tenant_budgets import parse_tenant_budgets
 from tenure.worker.config import WorkerConfig
 
 DEFAULT_APP = "tenure.demos.examples:app"
@@ -143,11 +145,11 @@ class Settings:
 
 
 # -- parsers: (variable name, text) -> value ---------------------------------------------------------------------
-def _pos_float(name: str, text: str) -> float:
+def _pos_float(name: str, text: str, unit: str = "seconds") -> float:
     try:
         value = float(text)
     except ValueError:
-        raise ConfigError(f"{name} must be a number of seconds, not {text!r}") from None
+        raise ConfigError(f"{name} must be a number of {unit}, not {text!r}") from None
     if not value > 0 or value != value or value == float("inf"):
         raise ConfigError(f"{name} must be a positive, finite number, not {text!r}")
     return value
@@ -244,12 +246,15 @@ _TABLE: dict[str, tuple[str, str, Callable[[str, str], Any]]] = {
     "concurrency": ("worker", "concurrency", _pos_int),
     "capabilities": ("worker", "capabilities", _tags),
     "claim_mode": ("worker", "claim_mode", _choice("one_step", "two_step")),
+    "prices": ("worker", "prices", lambda name, text: parse_prices(text, name)),
+    "retention_days": ("worker", "retention_days", lambda name, text: _pos_float(name, text, "days")),
     "lag_interval_s": ("worker", "lag_interval_s", _pos_float),
     "stall_threshold_s": ("worker", "stall_threshold_s", _pos_float),
     "degraded_lag_s": ("worker", "degraded_lag_s", _pos_float),
     "degraded_for_s": ("worker", "degraded_for_s", _pos_float),
     "max_input_bytes": ("limits", "max_input_bytes", _pos_int),
     "default_deadline_s": ("limits", "default_deadline_s", _pos_float),
+    "tenant_budgets": ("limits", "tenant_budgets", lambda name, text: parse_tenant_budgets(text, name)),
     "max_queued": ("gate", "max_queued", _pos_int),
     "max_queued_per_tenant": ("gate", "max_queued_per_tenant", _pos_int),
     "breaker_threshold": ("gate", "breaker_threshold", _pos_int),

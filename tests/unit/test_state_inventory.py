@@ -42,6 +42,9 @@ _METRICS = (
 ALLOWED: dict[str, str] = {
     # -- in docs/state-inventory.md
     "tenure.backends.postgres.signals.PostgresSignals._control_jobs": ROW,
+    "tenure.worker.audit.ExecutionAudit._steps": ROW,
+    "tenure.worker.audit.ExecutionAudit._used": ROW,
+    "tenure.worker.completer.Completer._records": ROW,
     "tenure.backends.postgres.signals.PostgresSignals._notices": ROW,
     "tenure.backends.redis.ready_index.RedisReadyIndex._groups": ROW,
     "tenure.backends.signals.ChannelSignals._outbox": ROW,

@@ -12,7 +12,8 @@ across two files in two languages:
     lost_outcome         the sweeper's decision for an execution whose owner stopped heartbeating, and its event
     finish_effects       what a matched finish CAS writes besides the job row: the event, the execution record,
                          the circuit breaker's count
-    EXPIRED_EVENT, CANCELLED_EVENT, REQUEUED_EVENT   the events a store appends on its own
+    EXPIRED_EVENT, CANCELLED_EVENT, REQUEUED_EVENT   the events a store appends on its own (requeued_event: with
+                         an edited input)
 
 Two rules are used above the backends too, so they live in `contracts.types`: the idempotency answer
 (`check_replay`) and the circuit breaker's arithmetic over the store's failure window
@@ -107,6 +108,12 @@ CANCELLED_EVENT = _event("job.cancelled", state="cancelled", error_code="cancell
 
 REQUEUED_EVENT = StoreEvent("job.requeued", "{}")
 """A terminal job an operator put back in the queue."""
+
+
+def requeued_event(input_edited: bool) -> StoreEvent:
+    """The event of a requeue: `REQUEUED_EVENT`, or with `{"input_edited": true}` when the operator edited the
+    input (the previous and the new input are then an audit record of kind `requeue`)."""
+    return _event("job.requeued", input_edited=True) if input_edited else REQUEUED_EVENT
 
 
 # -- the finish ------------------------------------------------------------------------------------------------------------

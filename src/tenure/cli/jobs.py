@@ -27,6 +27,16 @@ from tenure.contracts.types import Job
 from tenure.local import LocalClient, connect
 
 
+def read_budget(text: str | None) -> Any:
+    """`--budget JSON`: the job's limits (admission validates them)."""
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        raise ConfigError(f"--budget is not JSON: {text!r} (e.g. '{{\"tool_calls\": 50}}')") from None
+
+
 async def cmd_submit(args: argparse.Namespace) -> int:
     payload = read_input(args.input)
     url = gateway_url(args)
@@ -45,6 +55,7 @@ async def cmd_submit(args: argparse.Namespace) -> int:
             requires=args.requires.split(",") if args.requires else (),
             deadline_s=args.deadline_s,
             max_attempts=args.max_attempts,
+            budget=read_budget(args.budget),
         )
         job_id = admitted.job.id
         if not args.wait:
@@ -81,6 +92,7 @@ async def _submit_via_gateway(args: argparse.Namespace, url: str, payload: Any) 
             requires=args.requires.split(",") if args.requires else None,
             deadline_s=args.deadline_s,
             max_attempts=args.max_attempts,
+            budget=read_budget(args.budget),
         )
         job_id = admitted.job.id
         if args.follow:
@@ -156,7 +168,7 @@ async def cmd_events(args: argparse.Namespace) -> int:
 
 async def cmd_requeue(args: argparse.Namespace) -> int:
     async def go(client: LocalClient) -> int:
-        job = await client.requeue(args.id)
+        job = await client.requeue(args.id, input=read_input(args.input)) if args.input else await client.requeue(args.id)
         out(args, job.to_dict(), lambda: print(f"requeued {job.id} ({job.agent}); it is {job.state.value}"))
         return 0
 

@@ -90,6 +90,7 @@ class NewJob:
     deadline_s: float | None
     idem_digest: bytes | None
     request_fingerprint: bytes
+    budget_json: str | None = None  # the job's limits (docs/budgets.md), written beside the job
 
 
 @dataclass(frozen=True, slots=True)

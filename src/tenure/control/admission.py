@@ -24,7 +24,7 @@ import math
 import re
 import sys
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from tenure.contracts.errors import (
@@ -40,6 +40,7 @@ from tenure.contracts.text import holds_nul
 from tenure.contracts.types import DEFAULT_TENANT, AgentSpec, Enqueued, Job, NewJob, check_replay, new_id
 from tenure.control.gate import CircuitOpen, Gate, GateConfig, GateObserver, QueueFull
 from tenure.control.models import KEY, TENANT, JobSpec, check, shown, validated
+from tenure.control.tenant_budgets import TenantBudget, check_tenant_budgets
 
 HINT_TIMEOUT_S = 0.5
 """The longest a submit waits for the ready index to take its hint (it is an accelerator, never the truth)."""
@@ -164,6 +165,8 @@ class AdmissionLimits:
 
     max_input_bytes: int = 1024 * 1024
     default_deadline_s: float | None = 300.0
+    # TENURE_TENANT_BUDGETS (control/tenant_budgets.py): tenants refused new jobs while over their usage budget.
+    tenant_budgets: Mapping[str, TenantBudget] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,6 +181,7 @@ class JobRequest:
     max_attempts: int | None = None
     idempotency_key: str | None = None
     tenant: str = DEFAULT_TENANT
+    budget: Mapping[str, float] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,9 +255,9 @@ class Admission:
         if req.idempotency_key is not None:
             check(KEY, req.idempotency_key, "idempotency_key")
             digest = idem_digest(req.tenant, req.idempotency_key)
-        fingerprint = hashlib.sha256(
-            json.dumps([spec.name, input_json, priority, sorted(requires), deadline_s, max_attempts]).encode()
-        ).digest()
+        budget = None if fields.budget is None else fields.budget.model_dump(exclude_none=True) or None
+        identity: list[Any] = [spec.name, input_json, priority, sorted(requires), deadline_s, max_attempts]
+        fingerprint = hashlib.sha256(json.dumps(identity + ([budget] if budget else [])).encode()).digest()
         return NewJob(
             id=new_id(),
             tenant=req.tenant,
@@ -267,7 +271,16 @@ class Admission:
             deadline_s=deadline_s,
             idem_digest=digest,
             request_fingerprint=fingerprint,
+            budget_json=None if budget is None else json.dumps(budget),
         )
+
+    def input_of(self, value: Any) -> str:
+        """A job input as the store holds it, held to the rules of admission (JSON every store takes, the size
+        limit): for a requeue with an edited input."""
+        input_json, size = _input_json(value)
+        if size > self.limits.max_input_bytes:
+            raise InputTooLarge(f"input is {size} bytes of JSON; the limit is {self.limits.max_input_bytes} bytes")
+        return input_json
 
     async def admit(self, req: JobRequest) -> Admitted:
         """Admit one job: build → same-process dedupe of its key → gate → enqueue → hint. The answer is the job as
@@ -286,6 +299,8 @@ class Admission:
         demand: dict[tuple[str, str], int] = {}
         for j in jobs:
             demand[(j.tenant, j.agent)] = demand.get((j.tenant, j.agent), 0) + 1
+        if self.limits.tenant_budgets:
+            await check_tenant_budgets(self.store, self.limits.tenant_budgets, [j.tenant for j in jobs])
         await self.gate.check(demand)
         out = await self.store.enqueue(jobs)
         await self.hint(jobs, out)
@@ -293,6 +308,8 @@ class Admission:
 
     async def _admit(self, job: NewJob) -> Admitted:
         try:
+            if self.limits.tenant_budgets:
+                await check_tenant_budgets(self.store, self.limits.tenant_budgets, [job.tenant])
             await self.gate.check({(job.tenant, job.agent): 1})
         except (QueueFull, CircuitOpen):
             # A replay of a key answers its original job even while the caps or the circuit refuse new work:
@@ -392,6 +409,7 @@ def _spec_fields(req: JobRequest) -> dict[str, Any]:
         "priority": req.priority,
         "requires": requires,
         "deadline_s": req.deadline_s,
+        "budget": None if req.budget is None else dict(req.budget),
         "max_attempts": req.max_attempts,
     }
 

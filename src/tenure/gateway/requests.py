@@ -67,4 +67,5 @@ def submit_request(spec: JobSpec, who: Principal, key: str | None) -> JobRequest
         spec.max_attempts,
         key,
         who.submit_tenant,
+        None if spec.budget is None else spec.budget.model_dump(exclude_none=True),
     )

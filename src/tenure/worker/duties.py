@@ -3,7 +3,8 @@
 sweeper  only while holding the `duty:sweeper` lease (model: River's `internal/maintenance/job_rescuer`):
          release expired pre-start claims, mark lost (or requeue retry-safe) running jobs whose owner
          stopped heartbeating, expire queued jobs past their deadline, move due retries to the queue, mark
-         silent workers gone; hint what became claimable to the ready index; and, as the one process that
+         silent workers gone; delete one batch of jobs finished over TENURE_RETENTION_DAYS ago with their
+         history (docs/retention.md); hint what became claimable to the ready index; and, as the one process that
          does it, export the registry, the live job counts and the store's health (`tenure_workers`,
          `tenure_jobs`, `tenure_store_*`: docs/operations.md).
 """
@@ -61,6 +62,10 @@ class SweeperDuty:
 
     async def sweep_once(self) -> None:
         report = await self._store.sweep(self._config.worker_ttl_s)
+        # Retention (docs/retention.md): one bounded batch per sweep; a pass with nothing old writes nothing.
+        purged = await self._store.purge_finished(self._config.retention_days * 86400.0, self._config.retention_batch)
+        if purged:
+            log.info("retention: deleted %d jobs finished over %g days ago", len(purged), self._config.retention_days)
         await hint_ready(self._index, self._store, report.released + report.requeued + report.due)
         if report.total():
             log.info("sweep: %s", {k: len(v) for k, v in report.as_dict().items() if v})

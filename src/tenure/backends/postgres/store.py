@@ -22,6 +22,7 @@ from tenure.backends import _rows, _rules
 from tenure.backends._queries import load_migrations, load_queries
 from tenure.backends.postgres import _batches
 from tenure.backends.postgres._connections import StoreConnections
+from tenure.backends.postgres.audit import AuditWrites, edit_input, enqueue_with_budgets
 from tenure.contracts.errors import IllegalTransition, NotFound, StoreUnavailable
 from tenure.contracts.states import REQUEUEABLE, JobState, WorkerState
 from tenure.contracts.store import JobStore
@@ -68,7 +69,7 @@ def _session_settings(notify: bool) -> dict[str, str]:
     return {} if notify else {"tenure.notify_events": "off"}
 
 
-class PostgresStore:
+class PostgresStore(AuditWrites):
     """The Tenure job store on PostgreSQL. Create with `await PostgresStore.connect(url)`."""
 
     dialect = "postgres"
@@ -162,7 +163,7 @@ class PostgresStore:
         if not jobs:
             return []
         async with self._db.pooled("enqueue") as conn:
-            rows = await conn.fetch(Q["enqueue_jobs"], *_batches.jobs(jobs))
+            rows = await enqueue_with_budgets(conn, Q["enqueue_jobs"], _batches.jobs(jobs), jobs)
             created = {r["id"]: _rows.job(r) for r in rows}
             missing = [j for j in jobs if j.id not in created]
             existing: dict[tuple[str, bytes], tuple[Job, bytes]] = {}
@@ -211,11 +212,13 @@ class PostgresStore:
             )
         return [_rows.job(r) for r in rows]
 
-    async def requeue(self, job_id: str, tenant: str | None = None) -> Job:
+    async def requeue(self, job_id: str, tenant: str | None = None, input_json: str | None = None) -> Job:
         # One transaction: the answer is the job as this requeue left it, before any worker can claim it.
-        ev = _rules.REQUEUED_EVENT
+        ev = _rules.requeued_event(input_json is not None)
         async with self._db.pooled("requeue") as conn, conn.transaction():
             row = await conn.fetchrow(Q["requeue_job"], job_id, tenant, _REQUEUEABLE, ev.type, ev.payload_json)
+            if row is not None and input_json is not None:
+                await edit_input(conn, job_id, input_json)
             job = await conn.fetchrow(Q["get_job"], job_id, tenant)
             if row is not None:
                 await self._events_changed(conn, [job_id])

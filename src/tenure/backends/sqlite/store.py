@@ -17,6 +17,7 @@ from tenure.backends import _rows, _rules
 from tenure.backends._queries import load_migrations
 from tenure.backends.sqlite._connection import NOW, Q, SqliteConnection, split_sql
 from tenure.backends.sqlite._writes import claim_and_start_in, finish_in, start_in
+from tenure.backends.sqlite.audit import AuditWrites, edit_input, insert_budget
 from tenure.contracts.errors import IllegalTransition, NotFound
 from tenure.contracts.states import REQUEUEABLE, JobState, WorkerState
 from tenure.contracts.store import JobStore, OffloadStats
@@ -51,7 +52,7 @@ _REQUEUEABLE = json.dumps(sorted(s.value for s in REQUEUEABLE))
 T = TypeVar("T")
 
 
-class SqliteStore:
+class SqliteStore(AuditWrites):
     """The Tenure job store on one SQLite file. Create with `await SqliteStore.connect(url)`."""
 
     dialect = "sqlite"
@@ -155,6 +156,8 @@ class SqliteStore:
                 )
                 row = cur.fetchone()
                 if row is not None:
+                    if j.budget_json is not None:
+                        insert_budget(db, j.id, j.budget_json)
                     out.append(Enqueued(_rows.job(row, _rows.comma_list), True))
                     continue
                 found = db.execute(Q["jobs_by_idem"], (j.tenant, j.idem_digest)).fetchone()
@@ -173,11 +176,13 @@ class SqliteStore:
         rows = await self._read(lambda db: db.execute(Q["list_jobs"], args).fetchall())
         return [_rows.job(r, _rows.comma_list) for r in rows]
 
-    async def requeue(self, job_id: str, tenant: str | None = None) -> Job:
+    async def requeue(self, job_id: str, tenant: str | None = None, input_json: str | None = None) -> Job:
         def fn(db: sqlite3.Connection) -> Job:
             row = db.execute(Q["requeue_job"], (job_id, tenant, _REQUEUEABLE)).fetchone()
             if row is not None:
-                ev = _rules.REQUEUED_EVENT
+                if input_json is not None:
+                    edit_input(db, job_id, input_json)
+                ev = _rules.requeued_event(input_json is not None)
                 db.execute(Q["insert_event_next"], (job_id, row["epoch"], None, ev.type, ev.payload_json))
             job = db.execute(Q["get_job"], (job_id, tenant)).fetchone()
             if job is None:
