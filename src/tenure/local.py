@@ -44,10 +44,14 @@ class LocalClient:
         deadline_s: float | None = None,
         max_attempts: int | None = None,
         tenant: str = DEFAULT_TENANT,
+        allow_unregistered: bool = False,
     ) -> Admitted:
         """Admit one job: the job as admitted (the original one when the idempotency key was seen, `created`
-        False). Over a queue cap raises `QueueFull`, while the agent's circuit is open `CircuitOpen`."""
-        req = JobRequest(agent, input, priority, requires, deadline_s, max_attempts, idempotency_key, tenant)
+        False). Over a queue cap raises `QueueFull`, while the agent's circuit is open `CircuitOpen`. An agent
+        the app does not define is looked up in the live registry (`allow_unregistered`: accept it anyway)."""
+        req = JobRequest(
+            agent, input, priority, requires, deadline_s, max_attempts, idempotency_key, tenant, allow_unregistered
+        )
         return await self.service.submit(req)
 
     async def submit_many(self, requests: Sequence[JobRequest]) -> list[str]:

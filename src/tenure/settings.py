@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tenure.contracts.errors import ConfigError
+from tenure.contracts.profile import parse_capabilities, parse_features
 from tenure.contracts.quotas import QuotaSpec, parse_quotas, quotas_from_table
 from tenure.control.admission import AdmissionLimits
 from tenure.control.gate import GateConfig
@@ -198,10 +199,6 @@ def _text(name: str, text: str) -> str:
     return text.strip()
 
 
-def _tags(name: str, text: str) -> tuple[str, ...]:
-    return tuple(t.strip() for t in text.split(",") if t.strip())
-
-
 def _optional(name: str, text: str) -> str | None:
     return text.strip() or None
 
@@ -235,7 +232,8 @@ _TABLE: dict[str, tuple[str, str, Callable[[str, str], Any]]] = {
     "drain_timeout_s": ("worker", "drain_timeout_s", _pos_float),
     "poll_s": ("worker", "poll_s", _pos_float),
     "concurrency": ("worker", "concurrency", _pos_int),
-    "capabilities": ("worker", "capabilities", _tags),
+    "capabilities": ("worker", "capabilities", lambda name, text: parse_capabilities(text, name)),
+    "features": ("worker", "features", lambda name, text: parse_features(text, name)),
     "claim_mode": ("worker", "claim_mode", _choice("one_step", "two_step")),
     "lag_interval_s": ("worker", "lag_interval_s", _pos_float),
     "stall_threshold_s": ("worker", "stall_threshold_s", _pos_float),
@@ -243,6 +241,7 @@ _TABLE: dict[str, tuple[str, str, Callable[[str, str], Any]]] = {
     "degraded_for_s": ("worker", "degraded_for_s", _pos_float),
     "max_input_bytes": ("limits", "max_input_bytes", _pos_int),
     "default_deadline_s": ("limits", "default_deadline_s", _pos_float),
+    "allow_unregistered": ("limits", "allow_unregistered", _switch),
     "max_queued": ("gate", "max_queued", _pos_int),
     "max_queued_per_tenant": ("gate", "max_queued_per_tenant", _pos_int),
     "breaker_threshold": ("gate", "breaker_threshold", _pos_int),

@@ -52,6 +52,7 @@ ALLOWED: dict[str, str] = {
     "tenure.backends.sqlite.signals.SqliteSignals._watched": ROW,
     "tenure.contracts.types._id_last": ROW,
     "tenure.control.admission.InFlight._pending": ROW,
+    "tenure.control.directory.AgentDirectory._specs": ROW,
     "tenure.gateway.ui.labs.LabRunner._env": ROW,
     "tenure.gateway.ui.labs.LabRunner._runs": ROW,
     "tenure.gateway.ui.sessions.Sessions._keys": ROW,

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tenure.contracts.errors import MigrationError
+from tenure.contracts.profile import WorkerRecord
 from tenure.contracts.states import JobState
 from tenure.contracts.types import Finish
 
@@ -144,3 +145,11 @@ def finish_payload(finish: Finish, next_attempt_at: float | None) -> str:
             "next_attempt_at": next_attempt_at,
         }
     )
+
+
+def record_params(record: WorkerRecord | None) -> tuple[float | None, float | None, int | None]:
+    """The heartbeat's record parameters, in both dialects' order: success rate, latency EWMA (ms), hard timeouts
+    in a row; all NULL without a record, so the row keeps its own (docs/routing.md)."""
+    if record is None:
+        return None, None, None
+    return record.success_rate, record.latency_ms, record.consecutive_timeouts

@@ -54,7 +54,12 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("worker", help="run a worker process (SIGTERM drains it)")
     common(sp, json_flag=False)
     sp.add_argument("--concurrency", type=int, help="job slots in this process (TENURE_CONCURRENCY; default 10)")
-    sp.add_argument("--capabilities", help="comma-separated capability tags this worker offers")
+    sp.add_argument(
+        "--capabilities",
+        help="comma-separated capabilities this worker offers: category/subcategory (text/summarize), "
+        "category/* for a whole category, or flat tags (TENURE_CAPABILITIES)",
+    )
+    sp.add_argument("--features", help="comma-separated features this worker offers, e.g. gpu,long (TENURE_FEATURES)")
     sp.add_argument("--heartbeat-s", type=float, help="heartbeat interval (TENURE_HEARTBEAT_S; default 5)")
     sp.add_argument("--claim-ttl-s", type=float, help="claim TTL, at least 3 heartbeats (TENURE_CLAIM_TTL_S)")
     sp.add_argument(
@@ -79,6 +84,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--timeout", type=float, default=None, help="with --wait: give up after this many seconds")
     sp.add_argument("--url", help="submit through this gateway (TENURE_URL) instead of the store directly")
     sp.add_argument("--follow", action="store_true", help="print the job's live event stream (needs a gateway)")
+    sp.add_argument(
+        "--allow-unregistered",
+        action="store_true",
+        help="accept an agent that neither the app nor any live worker knows yet (TENURE_ALLOW_UNREGISTERED)",
+    )
     sp.set_defaults(fn=cmd_submit)
 
     sp = sub.add_parser("tail", help="print a job's events until it finishes (live over SSE with --url)")

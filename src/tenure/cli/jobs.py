@@ -29,6 +29,9 @@ async def cmd_submit(args: argparse.Namespace) -> int:
     payload = read_input(args.input)
     url = gateway_url(args)
     if url is not None:
+        if args.allow_unregistered:
+            raise ConfigError("--allow-unregistered applies to a submit to the store: a gateway decides by its own "
+                              "TENURE_ALLOW_UNREGISTERED")  # fmt: skip
         return await _submit_via_gateway(args, url, payload)
     if args.follow:
         raise ConfigError("--follow streams from a gateway: give --url or TENURE_URL (or use --wait)")
@@ -43,6 +46,7 @@ async def cmd_submit(args: argparse.Namespace) -> int:
             requires=args.requires.split(",") if args.requires else (),
             deadline_s=args.deadline_s,
             max_attempts=args.max_attempts,
+            allow_unregistered=args.allow_unregistered,
         )
         job_id = admitted.job.id
         if not args.wait:

@@ -13,6 +13,7 @@ from typing import Any
 
 from tenure.app import Runtime, load_app, open_backends
 from tenure.cli._common import out, settings_of
+from tenure.contracts.profile import parse_capabilities, parse_features
 from tenure.contracts.store import JobStore
 from tenure.observability.logs import set_process_log_fields
 
@@ -38,7 +39,8 @@ async def cmd_worker(args: argparse.Namespace) -> int:
         concurrency=args.concurrency,
         heartbeat_s=args.heartbeat_s,
         claim_ttl_s=args.claim_ttl_s,
-        capabilities=tuple(args.capabilities.split(",")) if args.capabilities else None,
+        capabilities=parse_capabilities(args.capabilities) if args.capabilities else None,
+        features=parse_features(args.features) if args.features else None,
         metrics_port=args.metrics_port,
     )
     stop = asyncio.Event()

@@ -19,7 +19,8 @@ class WorkerConfig:
     sweep_interval_s: float = 1.0
     drain_timeout_s: float = 30.0
     poll_s: float = 1.0
-    capabilities: tuple[str, ...] = ()
+    capabilities: tuple[str, ...] = ()  # `category/subcategory` (text/summarize), `category/*`, or flat tags
+    features: tuple[str, ...] = ()  # plain names (gpu, long): shown in the profile (docs/routing.md)
     event_buffer: int = 1000
     blocking_max_in_flight: int = 32
     blocking_max_queued: int = 1000

@@ -26,6 +26,7 @@ import socket
 from typing import Any
 
 from tenure.contracts.errors import ConfigError, StoreUnavailable
+from tenure.contracts.profile import specs_json
 from tenure.contracts.ready import ReadyIndex
 from tenure.contracts.states import WorkerState
 from tenure.contracts.store import Backends, Leases
@@ -180,6 +181,8 @@ class Worker:
             agents=tuple(self.agents),
             capabilities=tuple(self.config.capabilities),
             state=self.state,
+            features=tuple(self.config.features),
+            agent_specs=specs_json(self.app.specs()),
         )
 
     async def run(self, stop: asyncio.Event) -> None:

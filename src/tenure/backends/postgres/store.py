@@ -20,9 +20,10 @@ import asyncpg
 
 from tenure.backends import _rows, _rules
 from tenure.backends._queries import load_migrations, load_queries
-from tenure.backends.postgres import _batches
+from tenure.backends.postgres import _batches, _registry
 from tenure.backends.postgres._connections import StoreConnections
 from tenure.contracts.errors import IllegalTransition, NotFound, StoreUnavailable
+from tenure.contracts.profile import WorkerRecord
 from tenure.contracts.states import REQUEUEABLE, JobState, WorkerState
 from tenure.contracts.store import JobStore
 from tenure.contracts.types import (
@@ -64,7 +65,7 @@ def _session_settings(notify: bool) -> dict[str, str]:
     return {} if notify else {"tenure.notify_events": "off"}
 
 
-class PostgresStore:
+class PostgresStore(_registry.RegistryOps):
     """The Tenure job store on PostgreSQL. Create with `await PostgresStore.connect(url)`."""
 
     dialect = "postgres"
@@ -300,11 +301,13 @@ class PostgresStore:
         return [r["id"] for r in rows]
 
     async def heartbeat(
-        self, worker_id: str, state: WorkerState, in_flight: int, held: Sequence[Fence], ttl_s: float
-    ) -> HeartbeatReply:
+        self, worker_id: str, state: WorkerState, in_flight: int, held: Sequence[Fence], ttl_s: float,
+        record: WorkerRecord | None = None,
+    ) -> HeartbeatReply:  # fmt: skip
+        rec = _rules.record_params(record)
         async with self._db.pooled("heartbeat") as conn:
-            rows = await conn.fetch(Q["heartbeat"], worker_id, state.value, in_flight, *_batches.fences(held), ttl_s)
-        return HeartbeatReply(frozenset(r["id"] for r in rows), frozenset(r["id"] for r in rows if r["cancel"]))
+            rows = await conn.fetch(Q["heartbeat"], worker_id, state.value, in_flight, *_batches.fences(held), ttl_s, *rec)
+        return _registry.heartbeat_reply(rows)
 
     # -- registry -----------------------------------------------------------------------------------------------
     async def register_worker(self, info: WorkerInfo) -> None:
@@ -318,6 +321,8 @@ class PostgresStore:
                 list(info.agents),
                 list(info.capabilities),
                 info.state.value,
+                list(info.features),
+                info.agent_specs,
             )
 
     async def set_worker_state(self, worker_id: str, state: WorkerState) -> None:
