@@ -56,6 +56,11 @@ from tenure.worker.slots import Slots
 log = logging.getLogger("tenure.worker")
 
 
+def incarnation_id() -> str:
+    """A new worker incarnation's id, `host:pid:random`: a restarted worker is a new member of the registry."""
+    return f"{socket.gethostname()}:{os.getpid()}:{new_id()[-8:]}"
+
+
 class Worker:
     """One worker incarnation. `await Worker(backends, app, config).run(stop_event)`."""
 
@@ -80,7 +85,8 @@ class Worker:
         # a configured manager, quotas live on the store's leases table and no key is configured.
         self.quotas = quotas or QuotaManager(backends.leases, {}, ttl_s=cfg.claim_ttl_s)
         self.host = socket.gethostname()
-        self.id = worker_id or f"{self.host}:{os.getpid()}:{new_id()[-8:]}"
+        self.id = worker_id or incarnation_id()
+        self._registered = False
         self.agents = sorted(app.agents)
         self.finished = 0
         self._stopping = asyncio.Event()
@@ -185,10 +191,18 @@ class Worker:
             agent_specs=specs_json(self.app.specs()),
         )
 
+    async def register(self) -> None:
+        """Enter the registry (its agents with their specs, capabilities, features); `run` does it unless done.
+        Raises `StoreUnavailable` when the store does not answer (`tenure worker` then tries again, with
+        backoff: control/retry.py `keep_trying`)."""
+        await self.store.register_worker(self.info())
+        self._registered = True
+
     async def run(self, stop: asyncio.Event) -> None:
         """Run until `stop` is set, then drain: release unstarted claims at once, let running executions
         finish (up to the drain timeout), and leave the registry."""
-        await self.store.register_worker(self.info())
+        if not self._registered:
+            await self.register()
         log.info("worker %s up: %d slots, agents %s", self.id, self.config.concurrency, ", ".join(self.agents))
         async with asyncio.TaskGroup() as loops:
             writer = loops.create_task(keep_running("writer", self.completer.run), name="writer")
