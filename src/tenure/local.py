@@ -103,6 +103,10 @@ class LocalClient:
         """The registry."""
         return await self.service.workers(include_gone)
 
+    async def drain(self, worker_id: str, timeout_s: float | None = None) -> WorkerInfo:
+        """Ask a live worker to drain (`tenure drain`); `NotFound` for a worker not registered or gone."""
+        return await self.service.drain_worker(worker_id, timeout_s)
+
     async def wait(self, job_id: JobRef, timeout_s: float | None = None, poll_s: float = 0.05) -> Job:
         """Poll until the job reaches a terminal state (or raise TimeoutError)."""
         async with asyncio.timeout(timeout_s):

@@ -3,7 +3,7 @@ paragraph and exit non-zero (2 for bad usage or configuration, 1 for everything 
 
     _common.py   settings, output, input, the gateway client
     run.py       migrate, worker, gateway, up, doctor, demo, mock-model
-    jobs.py      submit, tail, cancel, approve, jobs, job, events, requeue, workers
+    jobs.py      submit, tail, cancel, approve, jobs, job, events, requeue, workers, drain
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from tenure.cli._common import setup_cli_logging
 from tenure.cli.jobs import (
     cmd_approve,
     cmd_cancel,
+    cmd_drain,
     cmd_events,
     cmd_job,
     cmd_jobs,
@@ -175,6 +176,12 @@ def build_parser() -> argparse.ArgumentParser:
     common(sp)
     sp.add_argument("--all", action="store_true", help="include workers that are gone")
     sp.set_defaults(fn=cmd_workers)
+
+    sp = sub.add_parser("drain", help="ask a worker to drain: finish what it holds, claim nothing new, exit 0")
+    common(sp)
+    sp.add_argument("worker_id", metavar="WORKER_ID", help="the worker's id (`tenure workers`)")
+    sp.add_argument("--timeout", type=float, help="seconds to finish running jobs (default: its TENURE_DRAIN_TIMEOUT_S)")
+    sp.set_defaults(fn=cmd_drain)
     return p
 
 

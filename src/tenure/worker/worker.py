@@ -170,6 +170,10 @@ class Worker:
             after_round=gate.settle if gate is not None else None,
         )
         self._heartbeat = Heartbeat(store, backends.signals, self.id, cfg, self.held, self.health, self._obs, self.quotas)
+        # An operator's drain (`tenure drain`, POST /v1/workers/{id}/drain) arrives with a heartbeat reply.
+        self._drain_requested = asyncio.Event()
+        self._drain_timeout_s: float | None = None
+        self._heartbeat.on_drain = self.request_drain
         # The sweeper duty lives in the store's leases table unless other leases are given.
         self._sweeper = SweeperDuty(store, leases or backends.leases, self.id, cfg, self._obs, ready_index)
 
@@ -214,7 +218,7 @@ class Worker:
             async with asyncio.TaskGroup() as executions:
                 self._executions = executions
                 claimer = executions.create_task(keep_running("claim", self._claim_loop.run), name="claim-loop")
-                await stop.wait()
+                await _either(stop, self._drain_requested)
                 await self._drain(claimer)
             self._executions = None
             for task in (sweeper, control, quotas):
@@ -224,6 +228,15 @@ class Worker:
             heartbeat.cancel()
             lag_sampler.cancel()
         await self._leave()
+
+    def request_drain(self, timeout_s: float | None = None) -> None:
+        """Drain as a stop would (the same path as SIGTERM), within `timeout_s` (None: TENURE_DRAIN_TIMEOUT_S);
+        `run` then returns, and `tenure worker` exits 0. A second request changes nothing."""
+        if self._drain_requested.is_set():
+            return
+        self._drain_timeout_s = timeout_s
+        log.info("drain requested through the registry (timeout %s)", "default" if timeout_s is None else f"{timeout_s:g} s")
+        self._drain_requested.set()
 
     async def heartbeat_once(self) -> None:
         """One heartbeat round trip now (renew every held claim, learn of losses and cancel requests)."""
@@ -277,8 +290,9 @@ class Worker:
             await self._gate.settle()
         tasks = [e.task for e in self.held.running.values() if e.task is not None]
         if tasks:
-            log.info("drain: waiting up to %.0fs for %d running jobs", self.config.drain_timeout_s, len(tasks))
-            _, pending = await asyncio.wait(tasks, timeout=self.config.drain_timeout_s)
+            timeout_s = self.config.drain_timeout_s if self._drain_timeout_s is None else self._drain_timeout_s
+            log.info("drain: waiting up to %.0fs for %d running jobs", timeout_s, len(tasks))
+            _, pending = await asyncio.wait(tasks, timeout=timeout_s)
             if pending:
                 self._shutting_down = True
                 for t in pending:
@@ -295,3 +309,13 @@ class Worker:
         if self._process_adapter is not None:
             await self._process_adapter.close(5.0)
         log.info("worker %s gone after %d jobs", self.id, self.finished)
+
+
+async def _either(a: asyncio.Event, b: asyncio.Event) -> None:
+    """Wait until one of the two events is set."""
+    waits = {asyncio.ensure_future(a.wait()), asyncio.ensure_future(b.wait())}
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits:
+            w.cancel()
