@@ -235,6 +235,8 @@ _TABLE: dict[str, tuple[str, str, Callable[[str, str], Any]]] = {
     "capabilities": ("worker", "capabilities", lambda name, text: parse_capabilities(text, name)),
     "features": ("worker", "features", lambda name, text: parse_features(text, name)),
     "claim_mode": ("worker", "claim_mode", _choice("one_step", "two_step")),
+    "unhealthy_after": ("worker", "unhealthy_after", _pos_int),
+    "unhealthy_cooldown_s": ("worker", "unhealthy_cooldown_s", _pos_float),
     "lag_interval_s": ("worker", "lag_interval_s", _pos_float),
     "stall_threshold_s": ("worker", "stall_threshold_s", _pos_float),
     "degraded_lag_s": ("worker", "degraded_lag_s", _pos_float),

@@ -185,6 +185,49 @@ async def test_a_drain_timeout_shorter_than_the_job_ends_it_worker_shutdown_and_
             second.stop()
 
 
+async def test_three_hard_timeouts_in_a_row_make_a_worker_unhealthy_until_its_cool_down_ends(
+    database_url: str, backends: Backends, tmp_path: Path
+) -> None:
+    worker = WorkerProc(
+        database_url, tmp_path, "w", concurrency=1, env={"TENURE_UNHEALTHY_COOLDOWN_S": "4", "TENURE_LOG_FORMAT": "json"}
+    )
+    try:
+        await only_worker(backends)
+        hangs = [await submit(backends, "hang", {"seconds": 30}) for _ in range(3)]  # 0.5 s timeout, 1 attempt
+        waiting = await submit(backends, "echo", "after")  # queued behind them on the one slot
+        for job_id in hangs:
+            assert await finished(backends, job_id) is JobState.DEAD
+
+        async def state() -> WorkerState:
+            (w,) = await backends.jobs.list_workers()
+            return w.state
+
+        async def unhealthy() -> bool:
+            return await state() is WorkerState.UNHEALTHY
+
+        await eventually(unhealthy, 10, "the worker to be unhealthy")
+        (w,) = await backends.jobs.list_workers()
+        assert w.consecutive_timeouts == 3
+        job = await backends.jobs.get_job(waiting)
+        assert job is not None and job.state is JobState.QUEUED and job.owner is None, job
+        assert await finished(backends, waiting) is JobState.SUCCEEDED  # claimed once the cool-down ended
+
+        async def active() -> bool:
+            return await state() is WorkerState.ACTIVE
+
+        await eventually(active, 10, "the worker to be active again")
+        lines = [json.loads(x) for x in worker.log().splitlines() if x.startswith("{")]
+        (began,) = [x["ts"] for x in lines if "3 hard timeouts in a row: unhealthy" in x["msg"]]
+        (ended,) = [x["ts"] for x in lines if x["msg"].startswith("cool-down over")]
+        (execution,) = await backends.jobs.list_executions(waiting)
+        assert ended - began >= 4.0  # the whole cool-down ...
+        assert execution.started_at >= ended - 0.05  # ... before the queued job was claimed (same host clock)
+        last_hang = (await backends.jobs.list_executions(hangs[-1]))[0]
+        assert last_hang.ended_at is not None and began <= last_hang.ended_at + 0.05  # unhealthy at the 3rd
+    finally:
+        worker.stop()
+
+
 async def test_post_drain_needs_the_admin_key_and_tenure_up_does_not_restart_the_drained_worker(
     database_url: str, tmp_path: Path
 ) -> None:

@@ -43,6 +43,10 @@ class WorkerConfig:
     # A stopped handler (ownership lost, cancelled, timed out, drained) gets this long to end before it is
     # abandoned: it keeps its slot until it does end (fail closed), and its execution writes nothing more.
     cancel_grace_s: float = 5.0
+    # Health (worker/health.py, docs/routing.md): this many hard timeouts in a row make the worker `unhealthy`,
+    # claiming nothing new for the cool-down; then it is `active` again.
+    unhealthy_after: int = 3
+    unhealthy_cooldown_s: float = 60.0
 
     def __post_init__(self) -> None:
         # The one copy of the rule (settings.py builds this section): a heartbeat that is late once (a busy loop,

@@ -224,6 +224,10 @@ class WorkerObserver:
         """One model or tool call, timed by `ctx.external(kind)`."""
         m.EXTERNAL.labels(agent, kind).observe(seconds)
 
+    def timed_out(self) -> None:
+        """An execution ran past its hard timeout (its finish follows): its worker's record counts it now."""
+        self.record.timed_out()
+
     def finished(
         self,
         claim: Claim,

@@ -4,9 +4,11 @@ written with its heartbeat (no round trip of its own):
     success_rate          an EWMA (weight 0.1 per finish) of 1 for a success, 0 for a failure, a retry or a dead
                           job; cancels are nobody's failure and do not count; None until the first finish
     latency_ms            an EWMA (weight 0.2) of the durations of those finishes, start to finish CAS
-    consecutive_timeouts  hard timeouts (the agent's `timeout=`) in a row; any other finish resets it
+    consecutive_timeouts  hard timeouts (the agent's `timeout=`) in a row, counted the moment the handler is
+                          stopped (before its slot frees, so that health.py can stop claims first); any other
+                          finish resets it
 
-Only finishes whose CAS matched count: a finish that lost ownership was not this worker's to record.
+Only finishes whose CAS matched feed the EWMAs: a finish that lost ownership was not this worker's to record.
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ class Record:
         self.success_rate: float | None = None
         self.latency_ms: float | None = None
         self.consecutive_timeouts = 0
-        self.finishes = 0
+        self.finishes = 0  # changes counted (finishes and timeouts), to know when to send the record
         self._sent = -1  # `finishes` when the last snapshot was taken
+        self.streaks_broken = 0  # how many times a streak of timeouts was ended by another finish (health.py)
 
     def finished(self, state: JobState, error_code: str | None, duration_s: float) -> None:
         """Count one finish that committed (`state` SCHEDULED: failed, a retry was scheduled)."""
@@ -39,7 +42,14 @@ class Record:
             ok if self.success_rate is None else self.success_rate + SUCCESS_WEIGHT * (ok - self.success_rate)
         )
         self.latency_ms = ms if self.latency_ms is None else self.latency_ms + LATENCY_WEIGHT * (ms - self.latency_ms)
-        self.consecutive_timeouts = self.consecutive_timeouts + 1 if error_code == "timeout" else 0
+        if error_code != "timeout" and self.consecutive_timeouts:  # a timeout was counted by `timed_out`
+            self.consecutive_timeouts = 0
+            self.streaks_broken += 1
+
+    def timed_out(self) -> None:
+        """A handler ran past its hard timeout."""
+        self.consecutive_timeouts += 1
+        self.finishes += 1  # the record changed: the next heartbeat sends it
 
     def snapshot(self) -> WorkerRecord | None:
         """The record for the next heartbeat, or None when nothing changed since the last one (the row keeps it)."""

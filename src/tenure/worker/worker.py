@@ -100,7 +100,7 @@ class Worker:
             degraded_lag_s=cfg.degraded_lag_s,
             degraded_for_s=cfg.degraded_for_s,
         )
-        self.health = Health(self._obs)
+        self.health = Health(self._obs, cfg.unhealthy_after, cfg.unhealthy_cooldown_s)
         self.slots = Slots(cfg.concurrency)
         self.held = Held(self.slots)
         self.completer = Completer(
