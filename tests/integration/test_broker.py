@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import time
 from collections.abc import AsyncIterator
@@ -226,6 +227,39 @@ async def test_three_hard_timeouts_in_a_row_make_a_worker_unhealthy_until_its_co
         assert last_hang.ended_at is not None and began <= last_hang.ended_at + 0.05  # unhealthy at the 3rd
     finally:
         worker.stop()
+
+
+async def test_a_worker_warming_up_claims_nothing_until_its_warmups_ran(
+    database_url: str, backends: Backends, tmp_path: Path
+) -> None:
+    worker = WorkerProc(database_url, tmp_path, "warm", app="tests.apps.warm_app:app", env={"WARM_APP_SECONDS": "3"})
+    failing = None
+    try:
+        (w,) = await eventually(backends.jobs.list_workers, 30, "the worker to register")
+        assert w.state is WorkerState.WARMING
+        job_id = await submit(backends, "echo", "warm")  # known from the registry: this test has no warm_app
+        while (await backends.jobs.list_workers())[0].state is WorkerState.WARMING:
+            job = await backends.jobs.get_job(job_id)
+            assert job is not None and job.state is JobState.QUEUED and job.owner is None
+            await asyncio.sleep(0.1)
+        assert await finished(backends, job_id) is JobState.SUCCEEDED
+        assert (await backends.jobs.list_workers())[0].state is WorkerState.ACTIVE
+        assert "warm-up done" in worker.log()
+        worker.signal(signal.SIGTERM)
+        assert await asyncio.to_thread(worker.wait, 30) == 0
+        # A warm-up that raises: the worker takes no job, leaves the registry and exits 1.
+        # No worker serves echo now: accepted for one not up yet.
+        queued = (await Admission(backends.jobs, {}).admit(JobRequest("echo", "never", allow_unregistered=True))).job.id
+        failing = WorkerProc(database_url, tmp_path, "fail", app="tests.apps.warm_app:app", env={"WARM_APP_FAIL": "1"})
+        assert await asyncio.to_thread(failing.wait, 30) == 1, failing.log()
+        assert "warmup_failed" in failing.log() and "the model file is missing" in failing.log()
+        job = await backends.jobs.get_job(queued)
+        assert job is not None and job.state is JobState.QUEUED and job.owner is None
+        assert all(w.state is WorkerState.GONE for w in await backends.jobs.list_workers(include_gone=True))
+    finally:
+        worker.stop()
+        if failing is not None:
+            failing.stop()
 
 
 async def test_post_drain_needs_the_admin_key_and_tenure_up_does_not_restart_the_drained_worker(

@@ -101,6 +101,7 @@ ALLOWED: dict[str, str] = {
     "tenure.gateway.openapi._MODELS": CONSTANT,
     "tenure.gateway.openapi._JOB_ID": CONSTANT,
     "tenure.kernel.registry.Tenure._agents": CONSTANT,  # filled by decorators at import, read afterwards
+    "tenure.kernel.registry.Tenure._warmups": CONSTANT,  # filled by @app.warmup at import, read afterwards
     "tenure.settings._TABLE": CONSTANT,
     "tenure._LAZY": CONSTANT,  # the lazily loaded client side: name -> module
     "tenure.worker.claiming.OneStepClaimer._agents": CONSTANT,

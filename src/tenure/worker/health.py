@@ -105,6 +105,17 @@ class Health:
             self.claim_failures = 0
             self.check()
 
+    def warming(self) -> None:
+        """Running the app's warm-up functions: claims nothing, and `check` leaves the state alone."""
+        self.state = WorkerState.WARMING
+        self._obs.show_state(self.state)
+
+    def warmed(self) -> None:
+        """The warm-up ended: `active` (and whatever `check` finds from now on)."""
+        if self.state is WorkerState.WARMING:
+            self.state = WorkerState.ACTIVE
+        self.check()
+
     def leave(self, state: WorkerState) -> None:
         """`draining` or `gone`: the lifecycle's end, which liveness no longer changes."""
         self.state = state

@@ -20,16 +20,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import os
 import socket
+import time
 from typing import Any
 
-from tenure.contracts.errors import ConfigError, StoreUnavailable
+from tenure.contracts.errors import ConfigError, StoreUnavailable, TenureError
 from tenure.contracts.profile import specs_json
 from tenure.contracts.ready import ReadyIndex
 from tenure.contracts.states import WorkerState
 from tenure.contracts.store import Backends, Leases
+from tenure.contracts.text import describe_error
 from tenure.contracts.types import Claim, Started, WorkerInfo, new_id
 from tenure.control.quotas import QuotaManager
 from tenure.kernel.blocking import BlockingAdapter, ProcessAdapter
@@ -54,6 +57,12 @@ from tenure.worker.observe import WorkerObserver
 from tenure.worker.slots import Slots
 
 log = logging.getLogger("tenure.worker")
+
+
+class WarmupFailed(TenureError):
+    """A `@app.warmup` function raised: the worker left the registry without taking a job."""
+
+    code = "warmup_failed"
 
 
 def incarnation_id() -> str:
@@ -101,6 +110,9 @@ class Worker:
             degraded_for_s=cfg.degraded_for_s,
         )
         self.health = Health(self._obs, cfg.unhealthy_after, cfg.unhealthy_cooldown_s)
+        if app.warmups:
+            self.health.warming()  # registers as `warming`; `active` once `_warm_up` ran them all
+        self.warmup_error: BaseException | None = None
         self.slots = Slots(cfg.concurrency)
         self.held = Held(self.slots)
         self.completer = Completer(
@@ -217,8 +229,10 @@ class Worker:
             quotas = loops.create_task(keep_running("quota", self._heartbeat.run_quotas), name="quota-wakeups")
             async with asyncio.TaskGroup() as executions:
                 self._executions = executions
-                claimer = executions.create_task(keep_running("claim", self._claim_loop.run), name="claim-loop")
-                await _either(stop, self._drain_requested)
+                claimer = None
+                if await self._warm_up(stop):
+                    claimer = executions.create_task(keep_running("claim", self._claim_loop.run), name="claim-loop")
+                    await _either(stop, self._drain_requested)
                 await self._drain(claimer)
             self._executions = None
             for task in (sweeper, control, quotas):
@@ -228,6 +242,33 @@ class Worker:
             heartbeat.cancel()
             lag_sampler.cancel()
         await self._leave()
+        if self.warmup_error is not None:
+            raise WarmupFailed(f"a warm-up function failed, the worker took no job: {self.warmup_error}")
+
+    async def _warm_up(self, stop: asyncio.Event) -> bool:
+        """Run the app's `@app.warmup` functions (heartbeats go on meanwhile; nothing is claimed), then turn
+        `active`. False: one raised (the worker leaves without claiming) or the worker was stopped meanwhile."""
+        warmups = self.app.warmups
+        if not warmups:
+            return True
+        log.info("warming up: %d warm-up functions", len(warmups))
+        began = time.monotonic()
+        for fn in warmups:
+            try:
+                result = await asyncio.to_thread(fn) if not inspect.iscoroutinefunction(fn) else await fn()
+                if inspect.isawaitable(result):
+                    await result
+            except Exception as exc:
+                log.error("warm-up %s failed: %s", getattr(fn, "__name__", fn), describe_error(exc))
+                self.warmup_error = exc
+                return False
+            if stop.is_set() or self._drain_requested.is_set():
+                return False
+        self.health.warmed()
+        with contextlib.suppress(StoreUnavailable):
+            await self.store.set_worker_state(self.id, self.health.state)
+        log.info("warm-up done in %.2f s: claiming", time.monotonic() - began)
+        return True
 
     def request_drain(self, timeout_s: float | None = None) -> None:
         """Drain as a stop would (the same path as SIGTERM), within `timeout_s` (None: TENURE_DRAIN_TIMEOUT_S);
@@ -272,12 +313,13 @@ class Worker:
         return self._process_adapter
 
     # -- shutdown ----------------------------------------------------------------------------------------------------
-    async def _drain(self, claimer: asyncio.Task[None]) -> None:
+    async def _drain(self, claimer: asyncio.Task[None] | None) -> None:
         self._stopping.set()
         self.health.leave(WorkerState.DRAINING)
         with contextlib.suppress(StoreUnavailable):
             await self.store.set_worker_state(self.id, WorkerState.DRAINING)
-        await claimer
+        if claimer is not None:
+            await claimer
         unstarted = [c.fence for c in self.held.claimed.values()]
         if unstarted:
             with contextlib.suppress(StoreUnavailable):
