@@ -79,7 +79,7 @@ class JobsService:
         number = isinstance(timeout_s, int | float) and not isinstance(timeout_s, bool)
         if timeout_s is not None and not (number and 0 <= timeout_s <= MAX_DRAIN_S):
             raise InvalidRequest(f"the drain timeout must be a number of seconds from 0 to {MAX_DRAIN_S:g}")
-        if not isinstance(worker_id, str) or not 0 < len(worker_id) <= 200:
+        if not isinstance(worker_id, str) or not 0 < len(worker_id) <= 200 or not worker_id.isprintable():
             raise NotFound(f"no live worker {worker_id!r} (`tenure workers` lists them)")
         drained = await self.store.request_drain(worker_id, None if timeout_s is None else float(timeout_s))
         if drained is None:

@@ -362,9 +362,9 @@ class Gateway:
         """POST /v1/workers/{id}/drain (admin key; optional body `{"timeout_s": S}`): ask a live worker to drain
         at its next heartbeat (docs/routing.md); 202 with the worker as the registry now shows it."""
         who = self._principal(request)
-        if not who.is_admin:
-            raise Problem(403, "Forbidden", "draining a worker needs the admin key", "forbidden")
         body = await self._body(request) if request.headers.get("content-length", "0") != "0" else {}
+        if not who.is_admin:  # after the body: a malformed one is refused alike for everyone (400)
+            raise Problem(403, "Forbidden", "draining a worker needs the admin key", "forbidden")
         if not isinstance(body, dict) or set(body) - {"timeout_s"}:
             raise Problem(422, "Invalid request", 'the body is optional: {"timeout_s": seconds}', "invalid-request")
         drained = await self.jobs.drain_worker(request.path_params["worker_id"], body.get("timeout_s"))

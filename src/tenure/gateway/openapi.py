@@ -99,7 +99,11 @@ def openapi_document(agents: list[str]) -> dict[str, Any]:
     schemas = _schemas()
     agent = schemas["JobSpec"]["properties"]["agent"]
     agent["enum"] = agents or [""]
-    schemas["JobSpec"]["description"] += " Registered agents: " + (", ".join(agents) or "none")
+    # Admission also accepts the agents of live workers (docs/routing.md); the enum names the app's own, those a
+    # client can count on whichever workers are up.
+    schemas["JobSpec"]["description"] += (
+        " Registered agents: " + (", ".join(agents) or "none") + " (and those of the live workers, docs/routing.md)"
+    )
     idempotency_key = {"name": "Idempotency-Key", "in": "header", "required": False, "schema": KEY.json_schema()}
     return {
         "openapi": "3.1.0",
@@ -226,7 +230,9 @@ def openapi_document(agents: list[str]) -> dict[str, Any]:
                         "401": _problem("no valid API key"),
                         "403": _problem("not the admin key"),
                         "404": _problem("no live worker of this id"),
+                        "413": _problem("body too large"),
                         "422": _problem("invalid body"),
+                        "503": _problem("the store does not answer"),
                     },
                 }
             },
