@@ -3,8 +3,9 @@
     .venv/bin/python bench/registry.py [--database-url postgresql://...] [--admits 300]
 
 For each registry size it prints: one read of the registry (`registry_agents`, what `AgentDirectory` does at most
-every 2 s per process), and the per-admit cost (median of 10 interleaved rounds) of a job whose agent the app defines (no registry read) against
-one known only from the registry (served from the cached snapshot), both through `Admission.admit` on one store.
+every 2 s per process), and the per-admit cost (median of 10 interleaved rounds) of a job whose agent the app
+defines (no registry read) against one known only from the registry (served from the cached snapshot), both
+through `Admission.admit` on one store.
 No jobs are run; each size uses a fresh SQLite file or PostgreSQL schema.
 """
 
@@ -13,22 +14,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
-import sys
 import tempfile
 import time
 import uuid
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
+import asyncpg
 
-import asyncpg  # noqa: E402
-
-from tenure.app import open_backends  # noqa: E402
-from tenure.contracts.profile import specs_json  # noqa: E402
-from tenure.contracts.types import AgentSpec, WorkerInfo  # noqa: E402
-from tenure.control.admission import Admission, JobRequest  # noqa: E402
-from tenure.control.gate import GateConfig  # noqa: E402
-from tenure.settings import Settings  # noqa: E402
+from tenure.app import open_backends
+from tenure.contracts.profile import specs_json
+from tenure.contracts.types import AgentSpec, WorkerInfo
+from tenure.control.admission import Admission, JobRequest
+from tenure.control.gate import GateConfig
+from tenure.settings import Settings
 
 AGENTS_PER_WORKER = 8
 
