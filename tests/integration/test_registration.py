@@ -19,7 +19,8 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 
 from tenure.app import open_backends
-from tenure.contracts.states import JobState
+from tenure.contracts.states import JobState, WorkerState
+from tenure.contracts.types import WorkerInfo
 from tenure.control.admission import Admission, JobRequest
 from tenure.settings import Settings
 from tests.integration.procs import WorkerProc, eventually
@@ -131,3 +132,26 @@ async def test_a_worker_stopped_while_waiting_for_its_store_exits_cleanly(tmp_pa
         assert "stopped before the worker could register" in worker.log()
     finally:
         worker.stop()
+
+
+async def test_heartbeats_are_not_queued_behind_job_traffic_on_the_pool(pg_database_url: str) -> None:
+    """Seed 002, pitfall 2: with every pool connection busy (job traffic), a heartbeat still goes through, on
+    the connection of its own (`tenure-heartbeat`)."""
+    backends = await open_backends(Settings.of(database_url=pg_database_url))
+    held = []
+    try:
+        store = backends.jobs
+        await store.register_worker(WorkerInfo("w-1", "h", 1, 1, ("echo",)))
+        pool = store.store.pool  # type: ignore[attr-defined]  # AfterCommit over PostgresStore
+        for _ in range(pool.get_max_size()):
+            held.append(await pool.acquire())
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(pool.acquire(), 0.5)  # the pool is exhausted
+        reply = await asyncio.wait_for(store.heartbeat("w-1", WorkerState.ACTIVE, 0, [], 30.0), 5.0)
+        assert not reply.drain
+        names = {r["application_name"] for r in await held[0].fetch("SELECT application_name FROM pg_stat_activity")}
+        assert "tenure-heartbeat" in names
+    finally:
+        for conn in held:
+            await pool.release(conn)
+        await backends.close()

@@ -305,7 +305,7 @@ class PostgresStore(_registry.RegistryOps):
         record: WorkerRecord | None = None,
     ) -> HeartbeatReply:  # fmt: skip
         rec = _rules.record_params(record)
-        async with self._db.pooled("heartbeat") as conn:
+        async with self._db.heartbeat("heartbeat") as conn:  # its own connection: never behind job traffic
             rows = await conn.fetch(Q["heartbeat"], worker_id, state.value, in_flight, *_batches.fences(held), ttl_s, *rec)
         return _registry.heartbeat_reply(rows)
 
