@@ -44,10 +44,17 @@ class LocalClient:
         deadline_s: float | None = None,
         max_attempts: int | None = None,
         tenant: str = DEFAULT_TENANT,
+        concurrency_key: str | None = None,
+        multitask: str | None = None,
+        mode: str | None = None,
     ) -> Admitted:
         """Admit one job: the job as admitted (the original one when the idempotency key was seen, `created`
-        False). Over a queue cap raises `QueueFull`, while the agent's circuit is open `CircuitOpen`."""
-        req = JobRequest(agent, input, priority, requires, deadline_s, max_attempts, idempotency_key, tenant)
+        False). Over a queue cap raises `QueueFull`, while the agent's circuit is open `CircuitOpen`; a `reject`
+        job of a busy concurrency key raises `KeyBusy` (docs/scheduling.md)."""
+        req = JobRequest(
+            agent, input, priority, requires, deadline_s, max_attempts, idempotency_key, tenant, concurrency_key,
+            multitask, mode,
+        )  # fmt: skip
         return await self.service.submit(req)
 
     async def submit_many(self, requests: Sequence[JobRequest]) -> list[str]:

@@ -43,6 +43,9 @@ async def cmd_submit(args: argparse.Namespace) -> int:
             requires=args.requires.split(",") if args.requires else (),
             deadline_s=args.deadline_s,
             max_attempts=args.max_attempts,
+            concurrency_key=args.concurrency_key,
+            multitask=args.multitask,
+            mode=args.mode,
         )
         job_id = admitted.job.id
         if not args.wait:
@@ -65,6 +68,9 @@ async def _submit_via_gateway(args: argparse.Namespace, url: str, payload: Any) 
             requires=args.requires.split(",") if args.requires else None,
             deadline_s=args.deadline_s,
             max_attempts=args.max_attempts,
+            concurrency_key=args.concurrency_key,
+            multitask=args.multitask,
+            mode=args.mode,
         )
         job_id = admitted.job.id
         if args.follow:

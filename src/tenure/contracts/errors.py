@@ -6,6 +6,7 @@
     │   ├── UnknownAgent            no agent of that name is registered
     │   ├── InputTooLarge           the input JSON is over the size limit
     │   └── IdempotencyConflict     the key was used before with a different request
+    ├── KeyBusy                     a `reject` job's concurrency key is held by another job (HTTP 409)
     ├── NotFound                    no such job (or not visible to this tenant)
     ├── IllegalTransition           a state change the job state machine does not allow
     ├── StoreUnavailable            the database could not be reached or failed (driver errors wrapped)
@@ -71,6 +72,17 @@ class IdempotencyConflict(InvalidRequest):
     def __init__(self, message: str, existing_job_id: str) -> None:
         super().__init__(message)
         self.existing_job_id = existing_job_id
+
+
+class KeyBusy(TenureError):
+    """The job's concurrency key is at its limit and the job asked to be refused then (`multitask="reject"`).
+    Nothing was written. `running_job_id`: a job holding the key's turn."""
+
+    code = "key_busy"
+
+    def __init__(self, message: str, running_job_id: str) -> None:
+        super().__init__(message)
+        self.running_job_id = running_job_id
 
 
 class NotFound(TenureError):

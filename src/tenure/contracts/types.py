@@ -72,6 +72,20 @@ class AgentSpec:
     priority: int = 0
     worker_quota: str | None = None
     """A global quota whose slot a worker must hold *before* it claims a job of this agent (seed 003 §3.1)."""
+    key_limit: int = 1
+    """How many jobs of one concurrency key may hold the key's turn at once (docs/scheduling.md)."""
+    multitask: str = "enqueue"
+    """What a job of a busy concurrency key does by default: one of `MULTITASK`."""
+    max_queued: int | None = None
+    """The most jobs of this agent waiting to start (queued or scheduled), counted in the store (None: no cap)."""
+    degrade_to: str | None = None
+    """The agent a job is routed to when this agent's queue is full (else the admission answers 429)."""
+
+
+MULTITASK = ("enqueue", "reject", "interrupt", "drop_queued")
+"""The strategies of a job whose concurrency key is busy (docs/scheduling.md): wait for the key's turn, refuse
+(409 with the running job's id), cancel the key's running job and take the next turn, or cancel the key's
+not-yet-started jobs and take their place."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +104,14 @@ class NewJob:
     deadline_s: float | None
     idem_digest: bytes | None
     request_fingerprint: bytes
+    concurrency_key: str | None = None
+    """The job's concurrency key (scoped to its tenant): at most `key_limit` jobs of a key hold its turn."""
+    key_limit: int = 1
+    multitask: str = "enqueue"
+    """What to do when the key is busy (`MULTITASK`); only read by the enqueue of a keyed job."""
+    mode_requested: str | None = None
+    mode_effective: str | None = None
+    degraded_reason: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,6 +286,12 @@ class Job:
     deadline: float | None
     cancel_requested_at: float | None
     finished_at: float | None
+    concurrency_key: str | None = None
+    key_wait: bool = False
+    """Queued behind its concurrency key: not claimable until the key's turn passes to it."""
+    mode_requested: str | None = None
+    mode_effective: str | None = None
+    degraded_reason: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The job as the HTTP API answers it (JSON types: `state` its value, `requires` a list)."""

@@ -178,6 +178,10 @@ class JobRequest:
     max_attempts: int | None = None
     idempotency_key: str | None = None
     tenant: str = DEFAULT_TENANT
+    concurrency_key: str | None = None
+    multitask: str | None = None
+    """What to do when the concurrency key is busy (`MULTITASK`); None: the agent's default."""
+    mode: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,9 +255,10 @@ class Admission:
         if req.idempotency_key is not None:
             check(KEY, req.idempotency_key, "idempotency_key")
             digest = idem_digest(req.tenant, req.idempotency_key)
-        fingerprint = hashlib.sha256(
-            json.dumps([spec.name, input_json, priority, sorted(requires), deadline_s, max_attempts]).encode()
-        ).digest()
+        defining: list[Any] = [spec.name, input_json, priority, sorted(requires), deadline_s, max_attempts]
+        if fields.concurrency_key is not None:  # appended only when set: earlier fingerprints stay valid
+            defining += [fields.concurrency_key, fields.multitask or spec.multitask]
+        fingerprint = hashlib.sha256(json.dumps(defining).encode()).digest()
         return NewJob(
             id=new_id(),
             tenant=req.tenant,
@@ -267,6 +272,9 @@ class Admission:
             deadline_s=deadline_s,
             idem_digest=digest,
             request_fingerprint=fingerprint,
+            concurrency_key=fields.concurrency_key,
+            key_limit=spec.key_limit,
+            multitask=fields.multitask or spec.multitask,
         )
 
     async def admit(self, req: JobRequest) -> Admitted:
@@ -393,6 +401,9 @@ def _spec_fields(req: JobRequest) -> dict[str, Any]:
         "requires": requires,
         "deadline_s": req.deadline_s,
         "max_attempts": req.max_attempts,
+        "concurrency_key": req.concurrency_key,
+        "multitask": req.multitask,
+        "mode": req.mode,
     }
 
 

@@ -67,4 +67,7 @@ def submit_request(spec: JobSpec, who: Principal, key: str | None) -> JobRequest
         spec.max_attempts,
         key,
         who.submit_tenant,
+        spec.concurrency_key,
+        spec.multitask,
+        spec.mode,
     )

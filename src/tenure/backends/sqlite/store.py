@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from tenure.backends import _rows, _rules
 from tenure.backends._queries import load_migrations
+from tenure.backends.sqlite import keys
 from tenure.backends.sqlite._connection import NOW, Q, SqliteConnection, split_sql
 from tenure.backends.sqlite._writes import claim_and_start_in, finish_in, start_in
 from tenure.contracts.errors import IllegalTransition, NotFound
@@ -135,6 +136,10 @@ class SqliteStore:
         def fn(db: sqlite3.Connection) -> list[Enqueued]:
             out = []
             for j in jobs:
+                plan = None
+                if j.concurrency_key is not None:  # a replay answers its original job and changes nothing
+                    found = db.execute(Q["jobs_by_idem"], (j.tenant, j.idem_digest)).fetchone()
+                    plan = None if found is not None else keys.plan(db, j)
                 cur = db.execute(
                     Q["insert_job"],
                     (
@@ -150,10 +155,18 @@ class SqliteStore:
                         j.max_attempts,
                         j.timeout_s,
                         int(j.retry_safe),
+                        j.concurrency_key,
+                        j.key_limit,
+                        int(plan is not None and plan.wait),
+                        j.mode_requested,
+                        j.mode_effective,
+                        j.degraded_reason,
                     ),
                 )
                 row = cur.fetchone()
                 if row is not None:
+                    if plan is not None:
+                        keys.apply(db, j, plan)
                     out.append(Enqueued(_rows.job(row, _rows.comma_list), True))
                     continue
                 found = db.execute(Q["jobs_by_idem"], (j.tenant, j.idem_digest)).fetchone()
@@ -178,6 +191,8 @@ class SqliteStore:
             if row is not None:
                 ev = _rules.REQUEUED_EVENT
                 db.execute(Q["insert_event_next"], (job_id, row["epoch"], None, ev.type, ev.payload_json))
+                if row["concurrency_key"] is not None:
+                    keys.pass_turns(db, [(row["tenant"], row["concurrency_key"])])
             job = db.execute(Q["get_job"], (job_id, tenant)).fetchone()
             if job is None:
                 raise NotFound(f"no job {job_id}")
@@ -366,6 +381,7 @@ class SqliteStore:
                 report.expired.append(r["id"])
             report.due = [r["id"] for r in db.execute(Q["sweep_due"]).fetchall()]
             report.workers_gone = [r["id"] for r in db.execute(Q["sweep_workers_gone"], (worker_ttl_s,)).fetchall()]
+            report.due += keys.pass_stalled(db)  # claimable now, like jobs due again
             return report
 
         return await self._write(fn, "sweep")
@@ -409,6 +425,8 @@ class SqliteStore:
             if row is not None:
                 ev = _rules.CANCELLED_EVENT
                 db.execute(Q["insert_event_next"], (job_id, row["epoch"], None, ev.type, ev.payload_json))
+                if row["concurrency_key"] is not None:
+                    keys.pass_turns(db, [(row["tenant"], row["concurrency_key"])])
                 return ControlOutcome.ACCEPTED
             if db.execute(Q["cancel_request"], (job_id, tenant)).fetchone() is not None:
                 return ControlOutcome.REQUESTED

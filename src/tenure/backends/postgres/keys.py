@@ -1,0 +1,114 @@
+"""Concurrency keys on PostgreSQL (docs/scheduling.md): the enqueue of keyed jobs and the passing of a key's turn.
+
+A keyed job holds one of its key's turns or waits for one (`jobs.key_wait`); a waiting job is outside
+`jobs_ready`, so the claim — the same statement as for any job — never takes it: the rule holds for every
+gateway and worker because it is in the rows. Every decision about a key runs under the key's advisory lock
+(`key_lock`, held to the end of the transaction), reads the key's live jobs (`key_live`, fresh after the lock:
+READ COMMITTED takes a snapshot per statement) and applies what `_rules.key_plan` / `_rules.key_promotions`
+decide. A turn is passed in its own transaction after the finish that ended the holder committed; a process that
+dies in between leaves a key with a free turn and a waiting job, which the sweeper passes (`pass_stalled`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+
+import asyncpg
+
+from tenure.backends import _rows, _rules
+from tenure.backends._queries import load_queries
+from tenure.backends.postgres import _batches
+from tenure.backends.postgres._connections import StoreConnections
+from tenure.contracts.errors import KeyBusy
+from tenure.contracts.types import Enqueued, NewJob, check_replay
+
+Q = load_queries("tenure.backends.postgres")
+
+
+async def _live(conn: asyncpg.Connection, tenant: str, key: str) -> list[_rules.KeyedJob]:
+    return [_rows.keyed(r) for r in await conn.fetch(Q["key_live"], tenant, key)]
+
+
+async def enqueue_mixed(
+    db: StoreConnections,
+    jobs: Sequence[NewJob],
+    enqueue_plain: Callable[[Sequence[NewJob]], Awaitable[list[Enqueued]]],
+    notify: bool,
+) -> list[Enqueued]:
+    """A batch with keyed jobs: those under their keys' locks (`enqueue_keyed`), the others as usual. The owners
+    of interrupted jobs are signalled (NOTIFY; without it, their next heartbeat reply tells them)."""
+    plain = [j for j in jobs if j.concurrency_key is None]
+    done = {e.job.id: e for e in await enqueue_plain(plain)} if plain else {}
+    async with db.pooled("enqueue_keyed") as conn:
+        keyed, interrupted = await enqueue_keyed(conn, [j for j in jobs if j.concurrency_key is not None])
+        if interrupted and notify:
+            await conn.execute(Q["notify_control"], interrupted)
+    done.update(keyed)
+    return [done[j.id] for j in jobs]
+
+
+async def enqueue_keyed(conn: asyncpg.Connection, jobs: Sequence[NewJob]) -> tuple[dict[str, Enqueued], list[str]]:
+    """Enqueue keyed jobs in one transaction, each under its key's lock (taken in key order: two batches never
+    deadlock). Returns the answers by job id and the jobs whose owner must be told to cancel (`interrupt`).
+    Raises `KeyBusy` for a `reject` job of a busy key (the whole batch is rolled back: nothing is written)."""
+    out: dict[str, Enqueued] = {}
+    interrupted: list[str] = []
+    async with conn.transaction():
+        for tenant, key in sorted({(j.tenant, j.concurrency_key or "") for j in jobs}):
+            await conn.execute(Q["key_lock"], tenant, key)
+        for j in jobs:
+            assert j.concurrency_key is not None
+            if j.idem_digest is not None:
+                found = await conn.fetchrow(Q["jobs_by_idem"], j.tenant, [j.idem_digest])
+                if found is not None:  # a replay answers its original job and changes nothing
+                    check_replay(found["id"], bytes(found["request_fingerprint"]), j.request_fingerprint)
+                    out[j.id] = Enqueued(_rows.job(found), False)
+                    continue
+            plan = _rules.key_plan(j.multitask, j.key_limit, await _live(conn, j.tenant, j.concurrency_key))
+            if plan.reject is not None:
+                raise KeyBusy(
+                    f"concurrency key {j.concurrency_key!r} is busy: job {plan.reject} holds it (multitask reject)",
+                    running_job_id=plan.reject,
+                )
+            (row,) = await conn.fetch(Q["enqueue_jobs"], *_batches.jobs([j], key_wait=plan.wait))
+            out[j.id] = Enqueued(_rows.job(row), True)
+            ev = _rules.DROPPED_EVENT
+            for job_id in plan.drop:
+                await conn.execute(Q["key_drop"], job_id, _rules.dropped_message(j.id), ev.type, ev.payload_json)
+            cancelled = _rules.CANCELLED_EVENT
+            for job_id in plan.interrupt:  # the cancellation protocol: a persisted flag, then its owner's signal
+                if await conn.fetchval(Q["cancel_job"], job_id, None, cancelled.type, cancelled.payload_json) == "requested":
+                    interrupted.append(job_id)
+    await conn.fetchval(Q["flush_barrier"])
+    return out, interrupted
+
+
+async def _promote(conn: asyncpg.Connection, tenant: str, key: str) -> list[str]:
+    ids = _rules.key_promotions(await _live(conn, tenant, key))
+    if not ids:
+        return []
+    return [r["id"] for r in await conn.fetch(Q["key_promote"], ids)]
+
+
+async def pass_turns(conn: asyncpg.Connection, keys: Iterable[tuple[str, str]]) -> list[str]:
+    """Pass the turns of these keys (tenant, key) whose holders ended: one transaction per key, under its
+    lock. Returns the jobs that took a turn."""
+    promoted: list[str] = []
+    for tenant, key in sorted(set(keys)):
+        async with conn.transaction():
+            await conn.execute(Q["key_lock"], tenant, key)
+            promoted += await _promote(conn, tenant, key)
+    return promoted
+
+
+async def pass_after_cancel(conn: asyncpg.Connection, job_id: str) -> None:
+    """A job cancelled before it started may have held its key's turn: pass it."""
+    row = await conn.fetchrow(Q["key_of_job"], job_id)
+    if row is not None:
+        await pass_turns(conn, [(row["tenant"], row["concurrency_key"])])
+
+
+async def pass_stalled(conn: asyncpg.Connection) -> list[str]:
+    """The sweeper's floor: pass the turns of keys that have a waiting job and a free turn."""
+    rows = await conn.fetch(Q["key_stalled"])
+    return await pass_turns(conn, [(r["tenant"], r["concurrency_key"]) for r in rows])
