@@ -9,6 +9,7 @@ then). No two intervals of one key may overlap, and every job must end terminal.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import random
@@ -107,7 +108,7 @@ def _overlaps(turns: list[dict[str, Any]], lost_end: dict[str, float]) -> list[s
             end = end or lost_end.get(job, float("inf"))  # killed: it ended when the sweeper declared it lost
             intervals.append((start, end, job))
         intervals.sort()
-        for (s1, e1, j1), (s2, _, j2) in zip(intervals, intervals[1:], strict=False):
+        for (_, e1, j1), (s2, _, j2) in itertools.pairwise(intervals):
             if s2 < e1:
                 bad.append(f"key {key}: {j2} started {e1 - s2:.3f}s before {j1} ended")
     return bad
@@ -165,13 +166,15 @@ async def test_no_two_jobs_of_one_key_run_at_once_across_gateways_workers_and_ki
             await eventually(lambda: _state(backends, first, JobState.RUNNING), 30, "the long job running")
             r = await _submit(http, fleet.urls[1], {**long, "multitask": "reject"})
             assert r.status_code == 409 and r.json()["running_job_id"] == first, r.text
-            cli = subprocess.run(
-                [PYTHON, "-m", "tenure.cli", "submit", "turn", "--input", '{"key": "r"}', "--concurrency-key", "r",
-                 "--multitask", "reject", "--url", fleet.urls[0]],
-                capture_output=True, text=True, cwd=ROOT, timeout=60,
+            cli = await asyncio.create_subprocess_exec(
+                PYTHON, "-m", "tenure.cli", "submit", "turn", "--input", '{"key": "r"}', "--concurrency-key", "r",
+                "--multitask", "reject", "--url", fleet.urls[0],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT,
                 env={"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT), "TENURE_APP": APP},
             )  # fmt: skip
-            assert cli.returncode == 1 and "409" in cli.stderr and first in cli.stderr, cli.stderr
+            _, err = await asyncio.wait_for(cli.communicate(), 60)
+            stderr = err.decode()
+            assert cli.returncode == 1 and "409" in stderr and first in stderr, stderr
 
             # interrupt: the running one is cancelled, and the new one starts after it ended.
             r = await _submit(http, fleet.urls[1], {**long, "input": {"key": "r", "seconds": 0.1}, "multitask": "interrupt"})
