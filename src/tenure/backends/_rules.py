@@ -25,7 +25,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tenure.contracts.errors import MigrationError
+from tenure.contracts.errors import AgentQueueFull, MigrationError
 from tenure.contracts.states import JobState
 from tenure.contracts.types import Finish
 
@@ -220,3 +220,15 @@ def dropped_message(new_job_id: str) -> str:
 
 DROPPED_EVENT = _event("job.cancelled", state="cancelled", error_code="replaced")
 """A not-yet-started job of a key, replaced by a `drop_queued` job."""
+
+
+# -- per-agent queue caps ----------------------------------------------------------------------------------------------
+
+
+def check_queue_cap(job_id: str, agent: str, cap: int | None, waiting: int) -> None:
+    """Raise `AgentQueueFull` when `waiting` jobs of `agent` (counted under the agent's lock, this batch's own
+    inserts included) already fill its cap."""
+    if cap is not None and waiting >= cap:
+        raise AgentQueueFull(
+            f"agent {agent!r} has {waiting} jobs waiting to start; its limit (max_queued) is {cap}", job_id, agent, waiting
+        )

@@ -45,6 +45,7 @@ from tenure.contracts.types import (
     Start,
     Started,
     SweepReport,
+    WaitingInfo,
     WorkerInfo,
 )
 
@@ -214,6 +215,12 @@ class AfterCommit:
 
     async def find_idempotent(self, tenant: str, idem_digest: bytes) -> tuple[str, bytes] | None:
         return await self.store.find_idempotent(tenant, idem_digest)
+
+    async def queued_of_agent(self, agent: str, mode: str | None = None) -> int:
+        return await self.store.queued_of_agent(agent, mode)
+
+    async def waiting_info(self, job_id: str, bound: int) -> WaitingInfo | None:
+        return await self.store.waiting_info(job_id, bound)
 
     async def record_circuit_failure(self, key: str) -> None:
         await self.store.record_circuit_failure(key)

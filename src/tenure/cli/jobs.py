@@ -110,10 +110,16 @@ async def cmd_job(args: argparse.Namespace) -> int:
     async def go(client: LocalClient) -> int:
         job = await client.job(args.id)
         executions = await client.store.list_executions(job.id)
-        data = job.to_dict() | {"executions": [e.__dict__ if hasattr(e, "__dict__") else _slots(e) for e in executions]}
+        waiting = await client.service.waiting_reason(job)
+        data = job.to_dict() | {
+            "waiting_reason": waiting,
+            "executions": [e.__dict__ if hasattr(e, "__dict__") else _slots(e) for e in executions],
+        }
 
         def human() -> None:
             print_job(job)
+            if waiting is not None:
+                print(f"waiting    {waiting['kind']}: {waiting['detail']}")
             for e in executions:
                 print(
                     f"execution  {e.id}  epoch {e.epoch}  {e.outcome:9}  worker {e.worker_id}  "

@@ -112,6 +112,20 @@ class NewJob:
     mode_requested: str | None = None
     mode_effective: str | None = None
     degraded_reason: str | None = None
+    queue_cap: int | None = None
+    """Its agent's `max_queued`: the store inserts it only while fewer of the agent's jobs wait to start, counted
+    under a lock on the agent with the insert (`AgentQueueFull` otherwise), so the cap holds across gateways."""
+
+
+@dataclass(frozen=True, slots=True)
+class WaitingInfo:
+    """What the store knows of why a queued job waits (`JobStore.waiting_info`): the claimable jobs ahead of it
+    in claim order (counted up to a bound: `ahead_capped` when the count stopped there), and, for a job waiting
+    for its concurrency key's turn, the jobs holding the key."""
+
+    ahead: int
+    ahead_capped: bool
+    key_holders: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

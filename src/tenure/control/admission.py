@@ -40,6 +40,7 @@ from tenure.contracts.text import holds_nul
 from tenure.contracts.types import DEFAULT_TENANT, AgentSpec, Enqueued, Job, NewJob, check_replay, new_id
 from tenure.control.gate import CircuitOpen, Gate, GateConfig, GateObserver, QueueFull
 from tenure.control.models import KEY, TENANT, JobSpec, check, shown, validated
+from tenure.control.routing import Router
 
 HINT_TIMEOUT_S = 0.5
 """The longest a submit waits for the ready index to take its hint (it is an accelerator, never the truth)."""
@@ -224,6 +225,7 @@ class Admission:
         *,
         gate: GateConfig | None = None,
         on_gate: GateObserver | None = None,
+        on_degraded: Callable[[str, str], None] | None = None,
     ) -> None:
         self.store = store
         self.agents = dict(agents)
@@ -232,6 +234,9 @@ class Admission:
         self.limits = limits or AdmissionLimits()
         self.gate = Gate(store, gate, on_gate)
         self.inflight = InFlight()
+        # Told (requested agent, reason) of every job admitted degraded (the metric tenure_degraded_total).
+        self.on_degraded = on_degraded
+        self.router = Router(store, self.agents, self.gate.config.retry_after_s)
 
     def build(self, req: JobRequest) -> NewJob:
         """Validate one request; raise `InvalidRequest` (or a subclass) with a message a client can act on."""
@@ -295,13 +300,15 @@ class Admission:
         for j in jobs:
             demand[(j.tenant, j.agent)] = demand.get((j.tenant, j.agent), 0) + 1
         await self.gate.check(demand)
-        out = await self.store.enqueue(jobs)
+        jobs, out = await self.router.enqueue(jobs)
+        self._count_degraded([j for j, e in zip(jobs, out, strict=True) if e.created])
         await self.hint(jobs, out)
         return [Admitted(e.job, e.created) for e in out]
 
     async def _admit(self, job: NewJob) -> Admitted:
         try:
             await self.gate.check({(job.tenant, job.agent): 1})
+            (job,), (out,) = await self.router.enqueue([job])
         except (QueueFull, CircuitOpen):
             # A replay of a key answers its original job even while the caps or the circuit refuse new work:
             # the job exists, nothing new is admitted.
@@ -309,9 +316,17 @@ class Admission:
             if replayed is None:
                 raise
             return replayed
-        (out,) = await self.store.enqueue([job])
+        if out.created:
+            self._count_degraded([job])
         await self.hint([job], [out])
         return Admitted(out.job, out.created)
+
+    def _count_degraded(self, jobs: Sequence[NewJob]) -> None:
+        if self.on_degraded is None:
+            return
+        for j in jobs:
+            if j.degraded_reason is not None:
+                self.on_degraded(j.mode_requested or j.agent, j.degraded_reason)
 
     async def _replayed(self, job: NewJob) -> Admitted | None:
         if job.idem_digest is None:
@@ -332,7 +347,9 @@ class Admission:
         find the jobs by polling the store, so a failure here is logged, never raised."""
         if self.ready_index is None:
             return
-        created = {e.job_id for e in enqueued if e.created}
+        # A job waiting for its concurrency key's turn is not claimable: it is hinted when its turn comes (the
+        # sweeper's hints of jobs claimable again), and found by the store's claim either way.
+        created = {e.job_id for e in enqueued if e.created and not e.job.key_wait}
         hints = [ReadyHint(j.id, j.agent, j.priority) for j in jobs if j.id in created]
         try:
             # Bounded: the job is committed already, and a Redis that stopped answering (a partition) would

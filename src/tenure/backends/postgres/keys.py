@@ -11,7 +11,7 @@ dies in between leaves a key with a free turn and a waiting job, which the sweep
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import asyncpg
 
@@ -20,50 +20,57 @@ from tenure.backends._queries import load_queries
 from tenure.backends.postgres import _batches
 from tenure.backends.postgres._connections import StoreConnections
 from tenure.contracts.errors import KeyBusy
-from tenure.contracts.types import Enqueued, NewJob, check_replay
+from tenure.contracts.types import Enqueued, NewJob, WaitingInfo, check_replay, is_uuid
 
 Q = load_queries("tenure.backends.postgres")
+
+
+def locked(j: NewJob) -> bool:
+    """Whether a job's enqueue takes locks: it has a concurrency key, or its agent a queue cap."""
+    return j.concurrency_key is not None or j.queue_cap is not None
 
 
 async def _live(conn: asyncpg.Connection, tenant: str, key: str) -> list[_rules.KeyedJob]:
     return [_rows.keyed(r) for r in await conn.fetch(Q["key_live"], tenant, key)]
 
 
-async def enqueue_mixed(
-    db: StoreConnections,
-    jobs: Sequence[NewJob],
-    enqueue_plain: Callable[[Sequence[NewJob]], Awaitable[list[Enqueued]]],
-    notify: bool,
-) -> list[Enqueued]:
-    """A batch with keyed jobs: those under their keys' locks (`enqueue_keyed`), the others as usual. The owners
-    of interrupted jobs are signalled (NOTIFY; without it, their next heartbeat reply tells them)."""
-    plain = [j for j in jobs if j.concurrency_key is None]
-    done = {e.job.id: e for e in await enqueue_plain(plain)} if plain else {}
+async def enqueue_mixed(db: StoreConnections, jobs: Sequence[NewJob], notify: bool) -> list[Enqueued]:
+    """A batch with keyed or capped jobs, all in one transaction (`enqueue_keyed`: all or nothing). The owners of
+    interrupted jobs are signalled (NOTIFY; without it, their next heartbeat reply tells them)."""
     async with db.pooled("enqueue_keyed") as conn:
-        keyed, interrupted = await enqueue_keyed(conn, [j for j in jobs if j.concurrency_key is not None])
+        done, interrupted = await enqueue_keyed(conn, jobs)
         if interrupted and notify:
             await conn.execute(Q["notify_control"], interrupted)
-    done.update(keyed)
     return [done[j.id] for j in jobs]
 
 
 async def enqueue_keyed(conn: asyncpg.Connection, jobs: Sequence[NewJob]) -> tuple[dict[str, Enqueued], list[str]]:
-    """Enqueue keyed jobs in one transaction, each under its key's lock (taken in key order: two batches never
-    deadlock). Returns the answers by job id and the jobs whose owner must be told to cancel (`interrupt`).
+    """Enqueue a batch in one transaction, under the locks of its capped agents and its keys: a capped job only
+    while its agent's waiting jobs are under the cap (else `AgentQueueFull`), a keyed one as `_rules.key_plan`
+    says. Returns the answers by job id and the jobs whose owner must be told to cancel (`interrupt`).
     Raises `KeyBusy` for a `reject` job of a busy key (the whole batch is rolled back: nothing is written)."""
     out: dict[str, Enqueued] = {}
     interrupted: list[str] = []
     async with conn.transaction():
-        for tenant, key in sorted({(j.tenant, j.concurrency_key or "") for j in jobs}):
+        # Every agent's lock before every key's, each in order: two batches never wait for each other in a cycle.
+        for agent in sorted({j.agent for j in jobs if j.queue_cap is not None}):
+            await conn.execute(Q["cap_lock"], agent)
+        for tenant, key in sorted({(j.tenant, j.concurrency_key) for j in jobs if j.concurrency_key is not None}):
             await conn.execute(Q["key_lock"], tenant, key)
         for j in jobs:
-            assert j.concurrency_key is not None
             if j.idem_digest is not None:
                 found = await conn.fetchrow(Q["jobs_by_idem"], j.tenant, [j.idem_digest])
                 if found is not None:  # a replay answers its original job and changes nothing
                     check_replay(found["id"], bytes(found["request_fingerprint"]), j.request_fingerprint)
                     out[j.id] = Enqueued(_rows.job(found), False)
                     continue
+            if j.queue_cap is not None:
+                waiting = int(await conn.fetchval(Q["queued_of_agent"], j.agent, None))
+                _rules.check_queue_cap(j.id, j.agent, j.queue_cap, waiting)
+            if j.concurrency_key is None:
+                (row,) = await conn.fetch(Q["enqueue_jobs"], *_batches.jobs([j]))
+                out[j.id] = Enqueued(_rows.job(row), True)
+                continue
             plan = _rules.key_plan(j.multitask, j.key_limit, await _live(conn, j.tenant, j.concurrency_key))
             if plan.reject is not None:
                 raise KeyBusy(
@@ -112,3 +119,27 @@ async def pass_stalled(conn: asyncpg.Connection) -> list[str]:
     """The sweeper's floor: pass the turns of keys that have a waiting job and a free turn."""
     rows = await conn.fetch(Q["key_stalled"])
     return await pass_turns(conn, [(r["tenant"], r["concurrency_key"]) for r in rows])
+
+
+class SchedulingReads:
+    """The store's scheduling reads (`JobStore.queued_of_agent`, `JobStore.waiting_info`), mixed into
+    `PostgresStore`."""
+
+    _db: StoreConnections
+
+    async def queued_of_agent(self, agent: str, mode: str | None = None) -> int:
+        async with self._db.pooled("queued_of_agent") as conn:
+            return int(await conn.fetchval(Q["queued_of_agent"], agent, mode))
+
+    async def waiting_info(self, job_id: str, bound: int) -> WaitingInfo | None:
+        if not is_uuid(job_id):
+            return None
+        async with self._db.pooled("waiting_info") as conn:
+            job = await conn.fetchrow(Q["waiting_job"], job_id)
+            if job is None:
+                return None
+            ahead = int(await conn.fetchval(Q["jobs_ahead"], job_id, job["priority"], bound))
+            holders: tuple[str, ...] = ()
+            if job["key_wait"]:
+                holders = tuple(k.id for k in await _live(conn, job["tenant"], job["concurrency_key"]) if k.holds)
+        return WaitingInfo(ahead, ahead >= bound, holders)

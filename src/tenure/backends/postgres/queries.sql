@@ -681,6 +681,10 @@ DELETE FROM event_listeners WHERE id = $1
 -- Serialise every decision about one key (tenant $1, key $2) until the end of the transaction.
 SELECT pg_advisory_xact_lock(hashtextextended('tenure_key:' || $1 || '|' || $2, 0))
 
+-- name: cap_lock --
+-- Serialise the count and the insert of jobs of one capped agent ($1: max_queued) until the end of the transaction.
+SELECT pg_advisory_xact_lock(hashtextextended('tenure_cap:' || $1, 0))
+
 -- name: key_live --
 -- The live jobs of a key, oldest first (jobs_keyed), read under the key's lock.
 SELECT id::text AS id, state, key_wait, key_limit, state IN ('running', 'waiting') AS started
@@ -729,3 +733,21 @@ SELECT DISTINCT w.tenant, w.concurrency_key
          WHERE h.tenant = w.tenant AND h.concurrency_key = w.concurrency_key AND NOT h.key_wait
            AND h.state IN ('queued', 'scheduled', 'running', 'waiting')) < w.key_limit
  LIMIT 100
+
+-- name: queued_of_agent --
+-- Jobs of agent $1 waiting to start (queued or scheduled; jobs_waiting_agent), of effective mode $2 when given.
+SELECT count(*) FROM jobs
+ WHERE agent = $1 AND state IN ('queued', 'scheduled') AND ($2::text IS NULL OR mode_effective = $2)
+
+-- name: waiting_job --
+-- A queued, unowned job's place: its priority, its key and whether it waits for the key's turn.
+SELECT id::text AS id, priority, tenant, concurrency_key, key_wait FROM jobs
+ WHERE id = $1::uuid AND state = 'queued' AND owner IS NULL
+
+-- name: jobs_ahead --
+-- Claimable jobs before ($1 id, $2 priority) in claim order (the head of jobs_ready), counted up to $3.
+SELECT count(*) FROM (
+    SELECT 1 FROM jobs
+     WHERE state = 'queued' AND owner IS NULL AND NOT key_wait
+       AND (priority > $2 OR (priority = $2 AND id < $1::uuid))
+     LIMIT $3) AS ahead

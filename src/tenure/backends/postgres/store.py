@@ -64,7 +64,7 @@ def _session_settings(notify: bool) -> dict[str, str]:
     return {} if notify else {"tenure.notify_events": "off"}
 
 
-class PostgresStore:
+class PostgresStore(keys.SchedulingReads):
     """The Tenure job store on PostgreSQL. Create with `await PostgresStore.connect(url)`."""
 
     dialect = "postgres"
@@ -149,8 +149,8 @@ class PostgresStore:
     async def enqueue(self, jobs: Sequence[NewJob]) -> list[Enqueued]:
         if not jobs:
             return []
-        if any(j.concurrency_key is not None for j in jobs):
-            return await keys.enqueue_mixed(self._db, jobs, self.enqueue, self._notify)
+        if any(keys.locked(j) for j in jobs):
+            return await keys.enqueue_mixed(self._db, jobs, self._notify)
         async with self._db.pooled("enqueue") as conn:
             rows = await conn.fetch(Q["enqueue_jobs"], *_batches.jobs(jobs))
             created = {r["id"]: _rows.job(r) for r in rows}

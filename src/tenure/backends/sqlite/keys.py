@@ -9,9 +9,9 @@ import sqlite3
 from collections.abc import Iterable
 
 from tenure.backends import _rows, _rules
-from tenure.backends.sqlite._connection import Q
+from tenure.backends.sqlite._connection import Q, SqliteConnection
 from tenure.contracts.errors import KeyBusy
-from tenure.contracts.types import NewJob
+from tenure.contracts.types import NewJob, WaitingInfo
 
 
 def _live(db: sqlite3.Connection, tenant: str, key: str) -> list[_rules.KeyedJob]:
@@ -55,3 +55,31 @@ def pass_stalled(db: sqlite3.Connection) -> list[str]:
     """The sweeper's floor: pass the turns of keys that have a waiting job and a free turn."""
     rows = db.execute(Q["key_stalled"]).fetchall()
     return pass_turns(db, [(r["tenant"], r["concurrency_key"]) for r in rows])
+
+
+class SchedulingReads:
+    """The store's scheduling reads (`JobStore.queued_of_agent`, `JobStore.waiting_info`), mixed into
+    `SqliteStore`."""
+
+    connection: SqliteConnection
+
+    async def queued_of_agent(self, agent: str, mode: str | None = None) -> int:
+        conn = self.connection
+        row = await conn.run(
+            lambda: conn.read(lambda db: db.execute(Q["queued_of_agent"], (agent, mode)).fetchone()), "queued"
+        )
+        return int(row["n"])
+
+    async def waiting_info(self, job_id: str, bound: int) -> WaitingInfo | None:
+        def fn(db: sqlite3.Connection) -> WaitingInfo | None:
+            job = db.execute(Q["waiting_job"], (job_id,)).fetchone()
+            if job is None:
+                return None
+            ahead = int(db.execute(Q["jobs_ahead"], (job_id, job["priority"], bound)).fetchone()["n"])
+            holders: tuple[str, ...] = ()
+            if job["key_wait"]:
+                holders = tuple(k.id for k in _live(db, job["tenant"], job["concurrency_key"]) if k.holds)
+            return WaitingInfo(ahead, ahead >= bound, holders)
+
+        conn = self.connection
+        return await conn.run(lambda: conn.read(fn), "waiting_info")

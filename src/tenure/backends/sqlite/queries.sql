@@ -385,3 +385,20 @@ SELECT DISTINCT w.tenant, w.concurrency_key
          WHERE h.tenant = w.tenant AND h.concurrency_key = w.concurrency_key AND h.key_wait = 0
            AND h.state IN ('queued', 'scheduled', 'running', 'waiting')) < w.key_limit
  LIMIT 100
+
+-- name: queued_of_agent --
+-- Jobs of agent ?1 waiting to start (queued or scheduled; jobs_waiting_agent), of effective mode ?2 when given.
+SELECT count(*) AS n FROM jobs
+ WHERE agent = ?1 AND state IN ('queued', 'scheduled') AND (?2 IS NULL OR mode_effective = ?2)
+
+-- name: waiting_job --
+-- A queued, unowned job's place: its priority, its key and whether it waits for the key's turn.
+SELECT id, priority, tenant, concurrency_key, key_wait FROM jobs WHERE id = ?1 AND state = 'queued' AND owner IS NULL
+
+-- name: jobs_ahead --
+-- Claimable jobs before (?1 id, ?2 priority) in claim order (the head of jobs_ready), counted up to ?3.
+SELECT count(*) AS n FROM (
+    SELECT 1 FROM jobs
+     WHERE state = 'queued' AND owner IS NULL AND key_wait = 0
+       AND (priority > ?2 OR (priority = ?2 AND id < ?1))
+     LIMIT ?3)

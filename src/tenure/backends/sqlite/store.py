@@ -51,7 +51,7 @@ _REQUEUEABLE = json.dumps(sorted(s.value for s in REQUEUEABLE))
 T = TypeVar("T")
 
 
-class SqliteStore:
+class SqliteStore(keys.SchedulingReads):
     """The Tenure job store on one SQLite file. Create with `await SqliteStore.connect(url)`."""
 
     dialect = "sqlite"
@@ -137,6 +137,9 @@ class SqliteStore:
             out = []
             for j in jobs:
                 plan = None
+                if j.queue_cap is not None:  # the write lock makes the count and the insert one step
+                    waiting = int(db.execute(Q["queued_of_agent"], (j.agent, None)).fetchone()["n"])
+                    _rules.check_queue_cap(j.id, j.agent, j.queue_cap, waiting)
                 if j.concurrency_key is not None:  # a replay answers its original job and changes nothing
                     found = db.execute(Q["jobs_by_idem"], (j.tenant, j.idem_digest)).fetchone()
                     plan = None if found is not None else keys.plan(db, j)
