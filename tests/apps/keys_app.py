@@ -33,3 +33,15 @@ async def turn(ctx: Context, input: Any) -> dict[str, Any]:
     finally:
         _record("end", ctx.job_id, input["key"])
     return {"key": input["key"]}
+
+
+@app.agent("deep", max_attempts=1, max_queued=5, degrade_to="fast")
+async def deep(ctx: Context, input: Any) -> dict[str, Any]:
+    """A costly agent with a bounded queue; when it is full its jobs run as `fast`."""
+    return {"mode": "deep"}
+
+
+@app.agent("fast", max_attempts=1, max_queued=5)
+async def fast(ctx: Context, input: Any) -> dict[str, Any]:
+    """The fallback, with a bounded queue of its own: when both are full, admission answers 429."""
+    return {"mode": "fast"}
