@@ -202,6 +202,16 @@ def _tags(name: str, text: str) -> tuple[str, ...]:
     return tuple(t.strip() for t in text.split(",") if t.strip())
 
 
+def _modes(name: str, text: str) -> frozenset[str]:
+    out = set()
+    for item in (t.strip() for t in text.split(",") if t.strip()):
+        agent, sep, mode = item.partition(":")
+        if not sep or not agent or not mode:
+            raise ConfigError(f"TENURE_{name.upper()}: {item!r} is not AGENT:MODE (e.g. diagnose:deep)")
+        out.add(f"{agent}:{mode}")
+    return frozenset(out)
+
+
 def _optional(name: str, text: str) -> str | None:
     return text.strip() or None
 
@@ -243,6 +253,7 @@ _TABLE: dict[str, tuple[str, str, Callable[[str, str], Any]]] = {
     "degraded_for_s": ("worker", "degraded_for_s", _pos_float),
     "max_input_bytes": ("limits", "max_input_bytes", _pos_int),
     "default_deadline_s": ("limits", "default_deadline_s", _pos_float),
+    "disabled_modes": ("limits", "disabled_modes", _modes),
     "max_queued": ("gate", "max_queued", _pos_int),
     "max_queued_per_tenant": ("gate", "max_queued_per_tenant", _pos_int),
     "breaker_threshold": ("gate", "breaker_threshold", _pos_int),

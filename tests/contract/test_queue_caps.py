@@ -8,10 +8,11 @@ import asyncio
 
 import pytest
 
+from tenure.contracts.errors import InvalidRequest
 from tenure.contracts.states import JobState
 from tenure.contracts.store import Store
 from tenure.contracts.types import AgentSpec, WorkerInfo
-from tenure.control.admission import Admission, JobRequest
+from tenure.control.admission import Admission, AdmissionLimits, JobRequest
 from tenure.control.gate import QueueFull
 from tenure.control.jobs import JobsService
 
@@ -21,6 +22,7 @@ AGENTS = {
     "solo": AgentSpec("solo", max_queued=1),
     "gpu": AgentSpec("gpu", requires=frozenset({"gpu"})),
     "chat": AgentSpec("chat"),
+    "diagnose": AgentSpec("diagnose", modes=("deep", "fast"), max_queued=1),
 }
 
 
@@ -85,3 +87,22 @@ async def test_waiting_reason_names_the_key_holder_the_line_or_the_missing_worke
     await store.cancel(first.id)
     done = await service.job(first.id)
     assert done.state is JobState.CANCELLED and await service.waiting_reason(done) is None
+
+
+async def test_modes_degrade_when_disabled_or_full_and_the_claim_carries_the_mode(store: Store) -> None:
+    admission = door(store)
+    deep = await admission.admit(JobRequest("diagnose"))  # the first mode by default
+    assert (deep.job.mode_requested, deep.job.mode_effective, deep.job.degraded_reason) == ("deep", "deep", None)
+    full = await admission.admit(JobRequest("diagnose", mode="deep"))  # deep's queue (max_queued=1) is full
+    assert (full.job.mode_effective, full.job.degraded_reason) == ("fast", "queue_full")
+    with pytest.raises(QueueFull):  # fast's queue is full too, and no agent to fall back to
+        await admission.admit(JobRequest("diagnose", mode="deep"))
+    pairs = await store.claim_and_start("w", ["diagnose"], [], 10, 30.0)  # running: out of the queue
+    assert sorted(c.mode or "" for c, _ in pairs) == ["deep", "fast"]  # what the handler reads as ctx.mode
+    off = Admission(store, AGENTS, AdmissionLimits(disabled_modes=frozenset({"diagnose:deep"})))
+    job = (await off.admit(JobRequest("diagnose", mode="deep"))).job
+    assert (job.mode_requested, job.mode_effective, job.degraded_reason) == ("deep", "fast", "mode_disabled")
+    with pytest.raises(InvalidRequest, match="mode must be one of deep, fast"):
+        await admission.admit(JobRequest("diagnose", mode="shallow"))
+    with pytest.raises(InvalidRequest, match="declares no modes"):
+        await admission.admit(JobRequest("chat", mode="deep"))

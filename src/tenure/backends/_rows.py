@@ -101,6 +101,7 @@ def claim(r: Row, token: int, attempts: int | None = None) -> Claim:
         tenant=r["tenant"],
         created_at=r["created_at"],
         claimed_at=r["claimed_at"],
+        mode=r["mode"],
     )
 
 

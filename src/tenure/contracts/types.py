@@ -80,6 +80,9 @@ class AgentSpec:
     """The most jobs of this agent waiting to start (queued or scheduled), counted in the store (None: no cap)."""
     degrade_to: str | None = None
     """The agent a job is routed to when this agent's queue is full (else the admission answers 429)."""
+    modes: tuple[str, ...] = ()
+    """The modes a job may ask for, best first (e.g. ("deep", "fast")): a disabled mode, or a full queue of one
+    (`max_queued` counts per mode then), runs as the next one, recorded on the job."""
 
 
 MULTITASK = ("enqueue", "reject", "interrupt", "drop_queued")
@@ -112,6 +115,8 @@ class NewJob:
     mode_requested: str | None = None
     mode_effective: str | None = None
     degraded_reason: str | None = None
+    queue_cap_mode: str | None = None
+    """The mode `queue_cap` counts jobs of (an agent with modes caps each mode's queue); None: the whole agent."""
     queue_cap: int | None = None
     """Its agent's `max_queued`: the store inserts it only while fewer of the agent's jobs wait to start, counted
     under a lock on the agent with the insert (`AgentQueueFull` otherwise), so the cap holds across gateways."""
@@ -177,6 +182,8 @@ class Claim:
     # Database-clock times for the queue-wait and dispatch metrics (additive; None from older stores).
     created_at: float | None = None
     claimed_at: float | None = None
+    mode: str | None = None
+    """The mode it runs in (`mode_effective`), for an agent that declares modes (`ctx.mode`)."""
 
 
 @dataclass(frozen=True, slots=True)

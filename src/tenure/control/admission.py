@@ -165,6 +165,9 @@ class AdmissionLimits:
 
     max_input_bytes: int = 1024 * 1024
     default_deadline_s: float | None = 300.0
+    disabled_modes: frozenset[str] = frozenset()
+    """`AGENT:MODE` pairs no job runs in (TENURE_DISABLED_MODES): a job asking for one runs in the agent's next
+    enabled mode, degraded (docs/scheduling.md)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,7 +239,7 @@ class Admission:
         self.inflight = InFlight()
         # Told (requested agent, reason) of every job admitted degraded (the metric tenure_degraded_total).
         self.on_degraded = on_degraded
-        self.router = Router(store, self.agents, self.gate.config.retry_after_s)
+        self.router = Router(store, self.agents, self.gate.config.retry_after_s, self.limits.disabled_modes)
 
     def build(self, req: JobRequest) -> NewJob:
         """Validate one request; raise `InvalidRequest` (or a subclass) with a message a client can act on."""
@@ -264,6 +267,7 @@ class Admission:
         if fields.concurrency_key is not None:  # appended only when set: earlier fingerprints stay valid
             defining += [fields.concurrency_key, fields.multitask or spec.multitask]
         fingerprint = hashlib.sha256(json.dumps(defining).encode()).digest()
+        mode_requested, mode_effective, degraded = self._mode(spec, fields.mode)
         return NewJob(
             id=new_id(),
             tenant=req.tenant,
@@ -280,7 +284,26 @@ class Admission:
             concurrency_key=fields.concurrency_key,
             key_limit=spec.key_limit,
             multitask=fields.multitask or spec.multitask,
+            mode_requested=mode_requested,
+            mode_effective=mode_effective,
+            degraded_reason=degraded,
         )
+
+    def _mode(self, spec: AgentSpec, asked: str | None) -> tuple[str | None, str | None, str | None]:
+        """(mode_requested, mode_effective, degraded_reason) of a job of `spec` asking for mode `asked`: the
+        agent's first mode by default; a disabled one (TENURE_DISABLED_MODES) runs as the next enabled mode."""
+        if not spec.modes:
+            if asked is not None:
+                raise InvalidRequest(f"agent {spec.name!r} declares no modes; mode {shown(asked)} cannot be asked for")
+            return None, None, None
+        mode = spec.modes[0] if asked is None else asked
+        if mode not in spec.modes:
+            raise InvalidRequest(f"mode must be one of {', '.join(spec.modes)} (agent {spec.name!r}), not {shown(mode)}")
+        disabled = self.limits.disabled_modes
+        enabled = [m for m in spec.modes[spec.modes.index(mode) :] if f"{spec.name}:{m}" not in disabled]
+        if not enabled:
+            raise InvalidRequest(f"mode {mode!r} of agent {spec.name!r} and every mode after it are disabled")
+        return mode, enabled[0], None if enabled[0] == mode else "mode_disabled"
 
     async def admit(self, req: JobRequest) -> Admitted:
         """Admit one job: build → same-process dedupe of its key → gate → enqueue → hint. The answer is the job as

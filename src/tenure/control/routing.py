@@ -24,18 +24,24 @@ class Router:
     with `QueueFull` (429 with Retry-After). The cap is the store's: each capped job carries it (`queue_cap`) and
     the store counts and inserts under a lock on the agent, refusing with `AgentQueueFull` (the batch is rolled
     back), so it holds across gateways. A job routed to a fallback records `mode_requested` (the agent asked for),
-    `mode_effective` (the one it runs as) and `degraded_reason` ("queue_full"). Agents without a cap cost
-    nothing: their jobs take the plain enqueue."""
+    `mode_effective` (the one it runs as) and `degraded_reason` ("queue_full"). An agent with modes caps each
+    mode's queue, and a job of a full mode first runs as the agent's next enabled mode (deep → fast). Agents
+    without a cap cost nothing: their jobs take the plain enqueue."""
 
-    def __init__(self, store: Store, agents: Mapping[str, AgentSpec], retry_after_s: int) -> None:
+    def __init__(
+        self, store: Store, agents: Mapping[str, AgentSpec], retry_after_s: int, disabled_modes: frozenset[str] = frozenset()
+    ) -> None:
         self.store = store
         self.agents = agents
         self.retry_after_s = retry_after_s
+        self.disabled_modes = disabled_modes
 
     def capped(self, job: NewJob) -> NewJob:
-        """The job with its agent's cap, for the store to enforce."""
-        cap = self.agents[job.agent].max_queued
-        return job if cap is None else dataclasses.replace(job, queue_cap=cap)
+        """The job with its agent's cap (per mode for an agent with modes), for the store to enforce."""
+        spec = self.agents[job.agent]
+        if spec.max_queued is None:
+            return job
+        return dataclasses.replace(job, queue_cap=spec.max_queued, queue_cap_mode=job.mode_effective if spec.modes else None)
 
     async def enqueue(self, jobs: Sequence[NewJob]) -> tuple[list[NewJob], list[Enqueued]]:
         """Enqueue `jobs` (all or nothing), degrading a job whose agent's queue is full, as often as needed."""
@@ -50,6 +56,13 @@ class Router:
 
     def _fallback(self, job: NewJob, full: AgentQueueFull, tried: list[str]) -> NewJob:
         spec = self.agents[job.agent]
+        if spec.modes and job.mode_effective in spec.modes:  # deep → fast: the next mode of the same agent
+            later = spec.modes[spec.modes.index(job.mode_effective) + 1 :]
+            enabled = [m for m in later if f"{spec.name}:{m}" not in self.disabled_modes]
+            if enabled:
+                return self.capped(
+                    dataclasses.replace(job, mode_effective=enabled[0], degraded_reason="queue_full", queue_cap=None)
+                )
         fallback = self.agents.get(spec.degrade_to or "")
         if fallback is None or fallback.name in tried:
             first = tried[0]
@@ -63,7 +76,7 @@ class Router:
                 timeout_s=fallback.timeout_s,
                 retry_safe=fallback.retry_safe,
                 key_limit=fallback.key_limit,
-                mode_requested=job.mode_requested or tried[0],
+                mode_requested=job.mode_requested or tried[0],  # the mode asked for, else the agent
                 mode_effective=fallback.name,
                 degraded_reason="queue_full",
                 queue_cap=None,

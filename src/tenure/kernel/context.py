@@ -70,7 +70,7 @@ class ExecutionPort(Protocol):
 class Context:
     """Handed to every handler: `await ctx.emit(...)`, `await ctx.to_thread(...)`, `ctx.usage(...)`."""
 
-    __slots__ = ("_port", "agent", "attempt", "epoch", "execution_id", "job_id", "log", "tenant", "worker_id")
+    __slots__ = ("_port", "agent", "attempt", "epoch", "execution_id", "job_id", "log", "mode", "tenant", "worker_id")
 
     def __init__(
         self,
@@ -83,6 +83,7 @@ class Context:
         agent: str,
         tenant: str,
         worker_id: str,
+        mode: str | None = None,
     ) -> None:
         self._port = port
         self.job_id = job_id
@@ -92,6 +93,7 @@ class Context:
         self.agent = agent
         self.tenant = tenant
         self.worker_id = worker_id
+        self.mode = mode  # the mode it runs in (mode_effective) when its agent declares modes=, else None
         self.log = logging.getLogger(f"tenure.agent.{agent}")
 
     async def emit(self, type: str, payload: Any = None) -> None:

@@ -64,6 +64,7 @@ class Tenure:
         multitask: str = "enqueue",
         max_queued: int | None = None,
         degrade_to: str | None = None,
+        modes: Iterable[str] = (),
     ) -> Callable[[Handler], Handler]:
         """Register the decorated function as an agent.
 
@@ -75,8 +76,11 @@ class Tenure:
         `key_limit`: how many jobs of one concurrency key run at once; `multitask`: what a job of a busy key does
         by default (enqueue, reject, interrupt, drop_queued). `max_queued`: the most jobs of this agent waiting
         to start, counted in the store; when full, jobs go to `degrade_to` (another agent) or are refused (429).
+        `modes`: the modes a job may ask for, best first; the handler reads `ctx.mode`.
         See docs/scheduling.md.
         """
+
+        mode_names = tuple(modes)
 
         def register(fn: Handler) -> Handler:
             agent_name = name or fn.__name__
@@ -92,6 +96,8 @@ class Tenure:
                 raise ConfigError(f"agent {agent_name!r}: key_limit must be at least 1")
             if multitask not in MULTITASK:
                 raise ConfigError(f"agent {agent_name!r}: multitask must be one of {', '.join(MULTITASK)}")
+            if len(set(mode_names)) != len(mode_names) or not all(_NAME.match(m) for m in mode_names):
+                raise ConfigError(f"agent {agent_name!r}: modes must be distinct names")
             if max_queued is not None and max_queued < 0:
                 raise ConfigError(f"agent {agent_name!r}: max_queued must be at least 0")
             spec = AgentSpec(
@@ -106,6 +112,7 @@ class Tenure:
                 multitask=multitask,
                 max_queued=max_queued,
                 degrade_to=degrade_to,
+                modes=mode_names,
             )
             self._agents[agent_name] = Agent(spec, fn, inspect.iscoroutinefunction(fn))
             return fn

@@ -53,8 +53,8 @@ async def enqueue_keyed(conn: asyncpg.Connection, jobs: Sequence[NewJob]) -> tup
     interrupted: list[str] = []
     async with conn.transaction():
         # Every agent's lock before every key's, each in order: two batches never wait for each other in a cycle.
-        for agent in sorted({j.agent for j in jobs if j.queue_cap is not None}):
-            await conn.execute(Q["cap_lock"], agent)
+        for agent, mode in sorted({(j.agent, j.queue_cap_mode or "") for j in jobs if j.queue_cap is not None}):
+            await conn.execute(Q["cap_lock"], f"{agent}|{mode}")
         for tenant, key in sorted({(j.tenant, j.concurrency_key) for j in jobs if j.concurrency_key is not None}):
             await conn.execute(Q["key_lock"], tenant, key)
         for j in jobs:
@@ -65,7 +65,7 @@ async def enqueue_keyed(conn: asyncpg.Connection, jobs: Sequence[NewJob]) -> tup
                     out[j.id] = Enqueued(_rows.job(found), False)
                     continue
             if j.queue_cap is not None:
-                waiting = int(await conn.fetchval(Q["queued_of_agent"], j.agent, None))
+                waiting = int(await conn.fetchval(Q["queued_of_agent"], j.agent, j.queue_cap_mode))
                 _rules.check_queue_cap(j.id, j.agent, j.queue_cap, waiting)
             if j.concurrency_key is None:
                 (row,) = await conn.fetch(Q["enqueue_jobs"], *_batches.jobs([j]))

@@ -133,7 +133,7 @@ UPDATE jobs AS j
    AND j.execution_id IS NULL AND j.execution_started_at IS NULL
 RETURNING j.id::text AS id, j.epoch, j.agent, j.input::text AS input, j.attempts, j.max_attempts, j.timeout_s,
           j.retry_safe, j.tenant, extract(epoch FROM j.created_at)::float8 AS created_at,
-          extract(epoch FROM j.claimed_at)::float8 AS claimed_at
+          extract(epoch FROM j.claimed_at)::float8 AS claimed_at, j.mode_effective AS mode
 
 -- name: start_executions --
 -- The start CAS, batched: owner, epoch and token must match an unstarted claim; appends execution.started (seq 1).
@@ -172,7 +172,7 @@ CREATE OR REPLACE FUNCTION pg_temp.tenure_claim_start(
     p_worker text, p_agents text[], p_caps text[], p_limit int4, p_ttl float8, p_token int8, p_executions uuid[]
 ) RETURNS TABLE (o_id uuid, o_epoch int4, o_execution_id uuid, o_attempts int4, o_started_at timestamptz,
                  o_agent text, o_input text, o_max_attempts int4, o_timeout_s float8, o_retry_safe bool,
-                 o_tenant text, o_created_at float8, o_claimed_at float8)
+                 o_tenant text, o_created_at float8, o_claimed_at float8, o_mode text)
 LANGUAGE plpgsql AS $fn$
 DECLARE
     c_ids uuid[];
@@ -218,7 +218,7 @@ BEGIN
            AND j.epoch = x.epoch AND j.token = x.token AND j.execution_id IS NULL AND j.execution_started_at IS NULL
         RETURNING j.id, j.epoch, j.execution_id, j.attempts, j.execution_started_at, j.agent, j.input::text,
                   j.max_attempts, j.timeout_s, j.retry_safe, j.tenant, extract(epoch FROM j.created_at)::float8,
-                  extract(epoch FROM j.claimed_at)::float8
+                  extract(epoch FROM j.claimed_at)::float8, j.mode_effective
     )
     SELECT * FROM s;
 END
@@ -229,7 +229,7 @@ $fn$
 WITH s AS (
     SELECT o_id AS id, o_epoch AS epoch, o_execution_id AS execution_id, o_attempts AS attempts,
            o_started_at AS execution_started_at, o_agent, o_input, o_max_attempts, o_timeout_s, o_retry_safe,
-           o_tenant, o_created_at, o_claimed_at
+           o_tenant, o_created_at, o_claimed_at, o_mode
       FROM pg_temp.tenure_claim_start($1, $2::text[], $3::text[], $4, $5, $6, $7::uuid[])
 ), ev AS (
     INSERT INTO events (job_id, epoch, seq, execution_id, type, payload, ts)
@@ -242,7 +242,7 @@ WITH s AS (
 )
 SELECT id::text AS id, epoch, o_agent AS agent, o_input AS input, attempts, o_max_attempts AS max_attempts,
        o_timeout_s AS timeout_s, o_retry_safe AS retry_safe, o_tenant AS tenant, o_created_at AS created_at,
-       o_claimed_at AS claimed_at, execution_id::text AS execution_id,
+       o_claimed_at AS claimed_at, o_mode AS mode, execution_id::text AS execution_id,
        extract(epoch FROM execution_started_at)::float8 AS started_at, (SELECT count(*) FROM wake) AS woke
   FROM s
 
@@ -682,7 +682,8 @@ DELETE FROM event_listeners WHERE id = $1
 SELECT pg_advisory_xact_lock(hashtextextended('tenure_key:' || $1 || '|' || $2, 0))
 
 -- name: cap_lock --
--- Serialise the count and the insert of jobs of one capped agent ($1: max_queued) until the end of the transaction.
+-- Serialise the count and the insert of jobs of one capped agent (max_queued; $1 is 'agent|mode', the mode empty for
+-- an agent without modes) until the end of the transaction.
 SELECT pg_advisory_xact_lock(hashtextextended('tenure_cap:' || $1, 0))
 
 -- name: key_live --

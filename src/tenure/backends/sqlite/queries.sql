@@ -69,7 +69,7 @@ UPDATE jobs
          LIMIT ?4)
    AND state = 'queued' AND owner IS NULL AND key_wait = 0 AND claimed_at IS NULL AND execution_id IS NULL
    AND execution_started_at IS NULL
-RETURNING id, epoch, agent, input, attempts, max_attempts, timeout_s, retry_safe, tenant, created_at, claimed_at
+RETURNING id, epoch, agent, input, attempts, max_attempts, timeout_s, retry_safe, tenant, created_at, claimed_at, mode_effective AS mode
 
 -- name: start_execution --
 -- The start CAS: owner, epoch and token must match an unstarted claim.

@@ -138,7 +138,7 @@ class SqliteStore(keys.SchedulingReads):
             for j in jobs:
                 plan = None
                 if j.queue_cap is not None:  # the write lock makes the count and the insert one step
-                    waiting = int(db.execute(Q["queued_of_agent"], (j.agent, None)).fetchone()["n"])
+                    waiting = int(db.execute(Q["queued_of_agent"], (j.agent, j.queue_cap_mode)).fetchone()["n"])
                     _rules.check_queue_cap(j.id, j.agent, j.queue_cap, waiting)
                 if j.concurrency_key is not None:  # a replay answers its original job and changes nothing
                     found = db.execute(Q["jobs_by_idem"], (j.tenant, j.idem_digest)).fetchone()
