@@ -115,6 +115,8 @@ class NewJob:
     mode_requested: str | None = None
     mode_effective: str | None = None
     degraded_reason: str | None = None
+    fair_step: float = 1.0
+    """How far one job moves its tenant's turn (1 / the tenant's weight, TENURE_TENANT_WEIGHTS): fair shares."""
     queue_cap_mode: str | None = None
     """The mode `queue_cap` counts jobs of (an agent with modes caps each mode's queue); None: the whole agent."""
     queue_cap: int | None = None

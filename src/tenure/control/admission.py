@@ -168,6 +168,9 @@ class AdmissionLimits:
     disabled_modes: frozenset[str] = frozenset()
     """`AGENT:MODE` pairs no job runs in (TENURE_DISABLED_MODES): a job asking for one runs in the agent's next
     enabled mode, degraded (docs/scheduling.md)."""
+    tenant_weights: tuple[tuple[str, float], ...] = ()
+    """(tenant, weight) pairs (TENURE_TENANT_WEIGHTS): within one priority a tenant of weight 2 is served twice as
+    often as one of weight 1 (the default) while both have jobs queued (docs/scheduling.md#fair-shares)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,6 +290,7 @@ class Admission:
             mode_requested=mode_requested,
             mode_effective=mode_effective,
             degraded_reason=degraded,
+            fair_step=1.0 / dict(self.limits.tenant_weights).get(req.tenant, 1.0),
         )
 
     def _mode(self, spec: AgentSpec, asked: str | None) -> tuple[str | None, str | None, str | None]:

@@ -63,10 +63,11 @@ def jobs(jobs: Sequence[NewJob], key_wait: bool = False) -> list[list[Any]]:
                 j.mode_requested,
                 j.mode_effective,
                 j.degraded_reason,
+                j.fair_step,
             )
             for j in jobs
         ),
-        18,
+        19,
     )
 
 

@@ -138,7 +138,7 @@ class SchedulingReads:
             job = await conn.fetchrow(Q["waiting_job"], job_id)
             if job is None:
                 return None
-            ahead = int(await conn.fetchval(Q["jobs_ahead"], job_id, job["priority"], bound))
+            ahead = int(await conn.fetchval(Q["jobs_ahead"], job_id, job["priority"], bound, job["fair_at"]))
             holders: tuple[str, ...] = ()
             if job["key_wait"]:
                 holders = tuple(k.id for k in await _live(conn, job["tenant"], job["concurrency_key"]) if k.holds)

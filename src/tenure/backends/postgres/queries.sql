@@ -7,20 +7,34 @@
 -- When a row was inserted, the statement's transaction commits without waiting for its WAL flush
 -- (synchronous_commit off, set for this transaction only): the jobs and the NOTIFY are visible to workers one
 -- fsync sooner. The caller then runs `flush_barrier` before it reports the jobs as accepted; see there.
-WITH ins AS (
+WITH x AS (
+    SELECT u.*, row_number() OVER (PARTITION BY u.tenant, u.priority ORDER BY u.ord) - 1 AS nth
+      FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::int2[], $6::text[], $7::bytea[],
+                  $8::bytea[], $9::float8[], $10::int4[], $11::float8[], $12::bool[], $13::text[], $14::int4[],
+                  $15::bool[], $16::text[], $17::text[], $18::text[], $19::float8[]) WITH ORDINALITY
+           AS u(id, tenant, agent, input, priority, requires, idem_digest, fingerprint, deadline_s,
+                max_attempts, timeout_s, retry_safe, ckey, key_limit, key_wait, mode_requested, mode_effective,
+                degraded_reason, fair_step, ord)
+), ins AS (
+    -- fair_at, the job's turn among its priority's claimable jobs (start-time fair queuing): one step after its
+    -- tenant's last turn, but never before the head of the line (a tenant that had nothing queued starts at
+    -- the head); the batch's own jobs of a tenant follow one another (nth).
     INSERT INTO jobs (id, tenant, agent, input, priority, requires, idem_digest, request_fingerprint,
                       deadline, max_attempts, timeout_s, retry_safe, concurrency_key, key_limit, key_wait,
-                      mode_requested, mode_effective, degraded_reason)
+                      mode_requested, mode_effective, degraded_reason, fair_at)
     SELECT x.id, x.tenant, x.agent, x.input::json, x.priority, string_to_array(x.requires, ','),
            x.idem_digest, x.fingerprint, now() + make_interval(secs => x.deadline_s),
            x.max_attempts, x.timeout_s, x.retry_safe, x.ckey, x.key_limit, x.key_wait, x.mode_requested,
-           x.mode_effective, x.degraded_reason
-      FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::int2[], $6::text[], $7::bytea[],
-                  $8::bytea[], $9::float8[], $10::int4[], $11::float8[], $12::bool[], $13::text[], $14::int4[],
-                  $15::bool[], $16::text[], $17::text[], $18::text[])
-           AS x(id, tenant, agent, input, priority, requires, idem_digest, fingerprint, deadline_s,
-                max_attempts, timeout_s, retry_safe, ckey, key_limit, key_wait, mode_requested, mode_effective,
-                degraded_reason)
+           x.mode_effective, x.degraded_reason,
+           greatest((SELECT max(t.fair_at) FROM jobs AS t
+                      WHERE t.tenant = x.tenant AND t.priority = x.priority AND t.state = 'queued'
+                        AND t.owner IS NULL AND NOT t.key_wait) + x.fair_step,
+                    coalesce((SELECT h.fair_at FROM jobs AS h
+                               WHERE h.priority = x.priority AND h.state = 'queued' AND h.owner IS NULL
+                                 AND NOT h.key_wait
+                               ORDER BY h.priority DESC, h.fair_at, h.id LIMIT 1), 0))
+           + x.nth * x.fair_step
+      FROM x
     ON CONFLICT (tenant, idem_digest) WHERE idem_digest IS NOT NULL DO NOTHING
     RETURNING id::text, tenant, agent, input::text, priority, requires, state, owner, epoch, execution_id::text,
               attempts, max_attempts, timeout_s, retry_safe, result::text, error_code, error_message,
@@ -120,7 +134,7 @@ WITH candidates AS (
      WHERE state = 'queued' AND owner IS NULL AND NOT key_wait
        AND agent = ANY($2::text[]) AND requires <@ $3::text[]
        AND (deadline IS NULL OR deadline > now())
-     ORDER BY priority DESC, id
+     ORDER BY priority DESC, fair_at, id
      LIMIT $4
        FOR UPDATE SKIP LOCKED
 )
@@ -185,7 +199,7 @@ BEGIN
          WHERE state = 'queued' AND owner IS NULL AND NOT key_wait
            AND agent = ANY(p_agents) AND requires <@ p_caps
            AND (deadline IS NULL OR deadline > now())
-         ORDER BY priority DESC, id
+         ORDER BY priority DESC, fair_at, id
          LIMIT p_limit
            FOR UPDATE SKIP LOCKED
     ), claimed AS (
@@ -741,14 +755,14 @@ SELECT count(*) FROM jobs
  WHERE agent = $1 AND state IN ('queued', 'scheduled') AND ($2::text IS NULL OR mode_effective = $2)
 
 -- name: waiting_job --
--- A queued, unowned job's place: its priority, its key and whether it waits for the key's turn.
-SELECT id::text AS id, priority, tenant, concurrency_key, key_wait FROM jobs
+-- A queued, unowned job's place: its priority and turn, its key and whether it waits for the key's turn.
+SELECT id::text AS id, priority, fair_at, tenant, concurrency_key, key_wait FROM jobs
  WHERE id = $1::uuid AND state = 'queued' AND owner IS NULL
 
 -- name: jobs_ahead --
--- Claimable jobs before ($1 id, $2 priority) in claim order (the head of jobs_ready), counted up to $3.
+-- Claimable jobs before ($1 id, $2 priority, $4 turn) in claim order (the head of jobs_ready), counted up to $3.
 SELECT count(*) FROM (
     SELECT 1 FROM jobs
      WHERE state = 'queued' AND owner IS NULL AND NOT key_wait
-       AND (priority > $2 OR (priority = $2 AND id < $1::uuid))
+       AND (priority > $2 OR (priority = $2 AND (fair_at, id) < ($4, $1::uuid)))
      LIMIT $3) AS ahead

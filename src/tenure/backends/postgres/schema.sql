@@ -38,13 +38,17 @@ CREATE TABLE jobs (
     key_wait             boolean NOT NULL DEFAULT false,
     mode_requested       text,
     mode_effective       text,
-    degraded_reason      text
+    degraded_reason      text,
+    fair_at              double precision NOT NULL DEFAULT 0
 );
 -- The idempotency answer lives on the job itself: one row per (tenant, key digest).
 CREATE UNIQUE INDEX jobs_idem ON jobs (tenant, idem_digest) WHERE idem_digest IS NOT NULL;
 -- Claimable jobs, in claim order (a job waiting for its key's turn is not one). Also scanned by the sweeper for
 -- queue deadlines. Which index serves which filter of the claim: docs/durable-jobs.md.
-CREATE INDEX jobs_ready ON jobs (priority DESC, id) WHERE state = 'queued' AND owner IS NULL AND NOT key_wait;
+CREATE INDEX jobs_ready ON jobs (priority DESC, fair_at, id) WHERE state = 'queued' AND owner IS NULL AND NOT key_wait;
+-- A tenant's last turn per priority: where its next job's turn starts (fair shares, docs/scheduling.md).
+CREATE INDEX jobs_tenant_turn ON jobs (tenant, priority, fair_at)
+    WHERE state = 'queued' AND owner IS NULL AND NOT key_wait;
 -- Owned jobs by claim expiry: what the sweeper checks for dead owners.
 CREATE INDEX jobs_owned ON jobs (claim_expires_at) WHERE owner IS NOT NULL;
 -- Jobs waiting out a retry backoff.

@@ -75,7 +75,7 @@ class SchedulingReads:
             job = db.execute(Q["waiting_job"], (job_id,)).fetchone()
             if job is None:
                 return None
-            ahead = int(db.execute(Q["jobs_ahead"], (job_id, job["priority"], bound)).fetchone()["n"])
+            ahead = int(db.execute(Q["jobs_ahead"], (job_id, job["priority"], bound, job["fair_at"])).fetchone()["n"])
             holders: tuple[str, ...] = ()
             if job["key_wait"]:
                 holders = tuple(k.id for k in _live(db, job["tenant"], job["concurrency_key"]) if k.holds)

@@ -7,8 +7,16 @@
 -- `get_job`), or nothing when the key existed.
 INSERT INTO jobs (id, tenant, agent, input, priority, requires, idem_digest, request_fingerprint, deadline,
                   max_attempts, timeout_s, retry_safe, created_at, updated_at, concurrency_key, key_limit, key_wait,
-                  mode_requested, mode_effective, degraded_reason)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, {now} + ?, ?, ?, ?, {now}, {now}, ?, ?, ?, ?, ?, ?)
+                  mode_requested, mode_effective, degraded_reason, fair_at)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, {now} + ?9, ?10, ?11, ?12, {now}, {now}, ?13, ?14, ?15, ?16, ?17, ?18,
+        -- fair_at (start-time fair queuing across tenants): one step (?19) after the tenant's last turn at this
+        -- priority, never before the head of the line.
+        max(coalesce((SELECT max(t.fair_at) FROM jobs AS t
+                       WHERE t.tenant = ?2 AND t.priority = ?5 AND t.state = 'queued' AND t.owner IS NULL
+                         AND t.key_wait = 0) + ?19, -1e308),
+            coalesce((SELECT h.fair_at FROM jobs AS h
+                       WHERE h.priority = ?5 AND h.state = 'queued' AND h.owner IS NULL AND h.key_wait = 0
+                       ORDER BY h.priority DESC, h.fair_at, h.id LIMIT 1), 0)))
 ON CONFLICT (tenant, idem_digest) WHERE idem_digest IS NOT NULL DO NOTHING
 RETURNING id, tenant, agent, input, priority, requires, state, owner, epoch, execution_id, attempts, max_attempts,
           timeout_s, retry_safe, result, error_code, error_message, created_at, updated_at, claimed_at,
@@ -65,7 +73,7 @@ UPDATE jobs
                  SELECT 1 FROM json_each('["' || replace(requires, ',', '","') || '"]') AS r
                   WHERE r.value NOT IN (SELECT value FROM json_each(?3))))
            AND (deadline IS NULL OR deadline > {now})
-         ORDER BY priority DESC, id
+         ORDER BY priority DESC, fair_at, id
          LIMIT ?4)
    AND state = 'queued' AND owner IS NULL AND key_wait = 0 AND claimed_at IS NULL AND execution_id IS NULL
    AND execution_started_at IS NULL
@@ -393,12 +401,12 @@ SELECT count(*) AS n FROM jobs
 
 -- name: waiting_job --
 -- A queued, unowned job's place: its priority, its key and whether it waits for the key's turn.
-SELECT id, priority, tenant, concurrency_key, key_wait FROM jobs WHERE id = ?1 AND state = 'queued' AND owner IS NULL
+SELECT id, priority, fair_at, tenant, concurrency_key, key_wait FROM jobs WHERE id = ?1 AND state = 'queued' AND owner IS NULL
 
 -- name: jobs_ahead --
 -- Claimable jobs before (?1 id, ?2 priority) in claim order (the head of jobs_ready), counted up to ?3.
 SELECT count(*) AS n FROM (
     SELECT 1 FROM jobs
      WHERE state = 'queued' AND owner IS NULL AND key_wait = 0
-       AND (priority > ?2 OR (priority = ?2 AND id < ?1))
+       AND (priority > ?2 OR (priority = ?2 AND (fair_at < ?4 OR (fair_at = ?4 AND id < ?1))))
      LIMIT ?3)

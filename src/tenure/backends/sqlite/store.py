@@ -164,6 +164,7 @@ class SqliteStore(keys.SchedulingReads):
                         j.mode_requested,
                         j.mode_effective,
                         j.degraded_reason,
+                        j.fair_step,
                     ),
                 )
                 row = cur.fetchone()

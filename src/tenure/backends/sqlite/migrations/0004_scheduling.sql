@@ -6,8 +6,10 @@ ALTER TABLE jobs ADD COLUMN key_wait INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE jobs ADD COLUMN mode_requested TEXT;
 ALTER TABLE jobs ADD COLUMN mode_effective TEXT;
 ALTER TABLE jobs ADD COLUMN degraded_reason TEXT;
+ALTER TABLE jobs ADD COLUMN fair_at REAL NOT NULL DEFAULT 0;
 DROP INDEX jobs_ready;
-CREATE INDEX jobs_ready ON jobs (priority DESC, id) WHERE state = 'queued' AND owner IS NULL AND key_wait = 0;
+CREATE INDEX jobs_ready ON jobs (priority DESC, fair_at, id) WHERE state = 'queued' AND owner IS NULL AND key_wait = 0;
+CREATE INDEX jobs_tenant_turn ON jobs (tenant, priority, fair_at) WHERE state = 'queued' AND owner IS NULL AND key_wait = 0;
 CREATE INDEX jobs_keyed ON jobs (tenant, concurrency_key, id)
     WHERE concurrency_key IS NOT NULL AND state IN ('queued', 'scheduled', 'running', 'waiting');
 CREATE INDEX jobs_key_waiting ON jobs (tenant, concurrency_key, id) WHERE key_wait = 1 AND state = 'queued';
