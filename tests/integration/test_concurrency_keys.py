@@ -26,7 +26,7 @@ from tenure.app import open_backends
 from tenure.contracts.states import JobState
 from tenure.contracts.types import JobFilter
 from tenure.settings import Settings
-from tests.conftest import PYTHON, ROOT
+from tests.conftest import PYTHON, REDIS_URL, ROOT, drop_pg_schema, new_pg_schema, pg_url
 from tests.integration.procs import TenureProc, WorkerProc, eventually
 from tests.integration.redisproc import free_port
 
@@ -35,11 +35,12 @@ JOBS, KEYS, WORKERS, GATEWAYS = 200, 20, 4, 2
 
 
 class Fleet:
-    def __init__(self, database_url: str, tmp: Path) -> None:
+    def __init__(self, database_url: str, tmp: Path, env: dict[str, str] | None = None) -> None:
         self.database_url = database_url
         self.tmp = tmp
         self.log = tmp / "turns.jsonl"
         self.env = {"KEYS_TEST_LOG": str(self.log), "TENURE_MAX_QUEUED": "1000", "TENURE_MAX_QUEUED_PER_TENANT": "1000"}
+        self.env.update(env or {})
         self.ports = [free_port() for _ in range(GATEWAYS)]
         self.urls = [f"http://127.0.0.1:{p}" for p in self.ports]
         self.gateways = [
@@ -114,51 +115,56 @@ def _overlaps(turns: list[dict[str, Any]], lost_end: dict[str, float]) -> list[s
     return bad
 
 
+async def _many_turns(fleet: Fleet, backends: Any, http: httpx.AsyncClient) -> None:
+    """The 200 jobs on 20 keys through both gateways while workers are killed: no overlap, every job terminal."""
+    rng = random.Random(13)
+    await eventually(lambda: _ready(http, fleet.urls), 60, "both gateways ready")
+    sem = asyncio.Semaphore(16)
+
+    async def one(i: int) -> str:
+        key = f"conversation-{i % KEYS}"
+        body = {"agent": "turn", "input": {"key": key, "seconds": rng.uniform(0.05, 0.35)}, "concurrency_key": key}
+        async with sem:
+            r = await _submit(http, fleet.urls[i % GATEWAYS], body)
+        assert r.status_code == 201, r.text
+        return str(r.json()["id"])
+
+    submitting = asyncio.gather(*(one(i) for i in range(JOBS)))
+    kills = 0
+    deadline = time.monotonic() + 150
+    ids: list[str] = []
+    while time.monotonic() < deadline:
+        await asyncio.sleep(rng.uniform(0.5, 1.0))
+        if kills < 6:
+            fleet.kill_one(rng)
+            kills += 1
+        if submitting.done():
+            ids = submitting.result()
+            jobs = [await backends.jobs.get_job(j) for j in ids]
+            if all(j is not None and j.state.terminal for j in jobs):
+                break
+    else:
+        pytest.fail(f"not every job ended within the deadline\n{fleet.logs()}")
+    jobs = [j for j in (await backends.jobs.list_jobs(JobFilter(limit=1000))) if j.id in set(ids)]
+    assert len(jobs) == JOBS and all(j.state.terminal for j in jobs)
+    lost = {j.id: float(j.finished_at or 0) for j in jobs if j.state is JobState.LOST}
+    turns = fleet.turns()
+    assert len({t["job"] for t in turns if t["what"] == "start"}) >= JOBS - len(lost)
+    assert _overlaps(turns, lost) == [], fleet.logs()
+    assert kills >= 3
+    print(f"{len(jobs)} jobs, {kills} kills, {len(lost)} lost, {len(turns)} records")
+
+
 @pytest.mark.timeout(240)
 async def test_no_two_jobs_of_one_key_run_at_once_across_gateways_workers_and_kills(
     database_url: str, tmp_path: Path
 ) -> None:
     await (await open_backends(Settings.of(database_url=database_url))).close()  # migrated before they start
     fleet = Fleet(database_url, tmp_path)
-    rng = random.Random(13)
     backends = await open_backends(Settings.of(database_url=database_url))
     try:
         async with httpx.AsyncClient(timeout=10) as http:
-            await eventually(lambda: _ready(http, fleet.urls), 60, "both gateways ready")
-            sem = asyncio.Semaphore(16)
-
-            async def one(i: int) -> str:
-                key = f"conversation-{i % KEYS}"
-                body = {"agent": "turn", "input": {"key": key, "seconds": rng.uniform(0.03, 0.2)}, "concurrency_key": key}
-                async with sem:
-                    r = await _submit(http, fleet.urls[i % GATEWAYS], body)
-                assert r.status_code == 201, r.text
-                return str(r.json()["id"])
-
-            submitting = asyncio.gather(*(one(i) for i in range(JOBS)))
-            kills = 0
-            deadline = time.monotonic() + 150
-            ids: list[str] = []
-            while time.monotonic() < deadline:
-                await asyncio.sleep(rng.uniform(0.8, 1.6))
-                if kills < 6:
-                    fleet.kill_one(rng)
-                    kills += 1
-                if submitting.done():
-                    ids = submitting.result()
-                    jobs = [await backends.jobs.get_job(j) for j in ids]
-                    if all(j is not None and j.state.terminal for j in jobs):
-                        break
-            else:
-                pytest.fail(f"not every job ended within the deadline\n{fleet.logs()}")
-            jobs = [j for j in (await backends.jobs.list_jobs(JobFilter(limit=1000))) if j.id in set(ids)]
-            assert len(jobs) == JOBS and all(j.state.terminal for j in jobs)
-            lost = {j.id: float(j.finished_at or 0) for j in jobs if j.state is JobState.LOST}
-            turns = fleet.turns()
-            assert len({t["job"] for t in turns if t["what"] == "start"}) >= JOBS - len(lost)
-            assert _overlaps(turns, lost) == [], fleet.logs()
-            assert kills >= 4
-            print(f"{len(jobs)} jobs, {kills} kills, {len(lost)} lost, {len(turns)} records")
+            await _many_turns(fleet, backends, http)
 
             # reject: 409 with the running job's id, and `tenure submit` exits 1 saying so.
             long = {"agent": "turn", "input": {"key": "r", "seconds": 30}, "concurrency_key": "r"}
@@ -190,6 +196,25 @@ async def test_no_two_jobs_of_one_key_run_at_once_across_gateways_workers_and_ki
     finally:
         await backends.close()
         fleet.stop()
+
+
+@pytest.mark.timeout(240)
+async def test_the_key_rule_holds_when_the_redis_ready_index_hints_the_claims(tmp_path: Path) -> None:
+    """With TENURE_REDIS_URL the workers wait on the ready index's hints; the store's claim still decides."""
+    schema = await new_pg_schema()
+    url = pg_url(schema)
+    try:
+        await (await open_backends(Settings.of(database_url=url))).close()
+        fleet = Fleet(url, tmp_path, {"TENURE_REDIS_URL": REDIS_URL, "TENURE_REDIS_PREFIX": f"keys-{schema}:"})
+        backends = await open_backends(Settings.of(database_url=url))
+        try:
+            async with httpx.AsyncClient(timeout=10) as http:
+                await _many_turns(fleet, backends, http)
+        finally:
+            await backends.close()
+            fleet.stop()
+    finally:
+        await drop_pg_schema(schema)
 
 
 async def _state(backends: Any, job_id: str, state: JobState) -> bool:

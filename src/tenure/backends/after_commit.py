@@ -99,6 +99,9 @@ class AfterCommit:
         out = await self.store.enqueue(jobs)
         if any(e.created for e in out):
             self.signals.jobs_changed()
+        interrupted = [j for e in out for j in e.interrupted]
+        if interrupted:  # cancel requests for the owners (interrupt), as `cancel` signals them
+            self.signals.control_sent(interrupted)
         return out
 
     async def get_job(self, job_id: str, tenant: str | None = None) -> Job | None:

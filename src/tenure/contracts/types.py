@@ -143,6 +143,9 @@ class Enqueued:
 
     job: Job
     created: bool
+    interrupted: tuple[str, ...] = ()
+    """Running jobs of its concurrency key whose cancellation this enqueue requested (`multitask="interrupt"`):
+    their owners are signalled after the commit, as for any cancel request."""
 
     @property
     def job_id(self) -> str:

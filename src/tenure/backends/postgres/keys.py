@@ -83,9 +83,12 @@ async def enqueue_keyed(conn: asyncpg.Connection, jobs: Sequence[NewJob]) -> tup
             for job_id in plan.drop:
                 await conn.execute(Q["key_drop"], job_id, _rules.dropped_message(j.id), ev.type, ev.payload_json)
             cancelled = _rules.CANCELLED_EVENT
+            flagged = []
             for job_id in plan.interrupt:  # the cancellation protocol: a persisted flag, then its owner's signal
                 if await conn.fetchval(Q["cancel_job"], job_id, None, cancelled.type, cancelled.payload_json) == "requested":
-                    interrupted.append(job_id)
+                    flagged.append(job_id)
+            out[j.id] = Enqueued(out[j.id].job, True, tuple(flagged))
+            interrupted += flagged
     await conn.fetchval(Q["flush_barrier"])
     return out, interrupted
 

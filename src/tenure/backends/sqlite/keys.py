@@ -30,15 +30,18 @@ def plan(db: sqlite3.Connection, j: NewJob) -> _rules.KeyPlan:
     return p
 
 
-def apply(db: sqlite3.Connection, j: NewJob, p: _rules.KeyPlan) -> None:
-    """After the insert of `j`: cancel the jobs it replaces, flag the running jobs it interrupts."""
+def apply(db: sqlite3.Connection, j: NewJob, p: _rules.KeyPlan) -> tuple[str, ...]:
+    """After the insert of `j`: cancel the jobs it replaces, flag the running jobs it interrupts (returned)."""
     ev = _rules.DROPPED_EVENT
     for job_id in p.drop:
         row = db.execute(Q["key_drop"], (job_id, _rules.dropped_message(j.id))).fetchone()
         if row is not None:
             db.execute(Q["insert_event_next"], (job_id, row["epoch"], None, ev.type, ev.payload_json))
-    for job_id in p.interrupt:  # the cancellation protocol: a persisted flag its owner's heartbeat reads
-        db.execute(Q["cancel_request"], (job_id, None)).fetchall()
+    flagged = []
+    for job_id in p.interrupt:  # the cancellation protocol: a persisted flag, then its owner's signal
+        if db.execute(Q["cancel_request"], (job_id, None)).fetchall():
+            flagged.append(job_id)
+    return tuple(flagged)
 
 
 def pass_turns(db: sqlite3.Connection, keys: Iterable[tuple[str, str]]) -> list[str]:

@@ -169,9 +169,8 @@ class SqliteStore(keys.SchedulingReads):
                 )
                 row = cur.fetchone()
                 if row is not None:
-                    if plan is not None:
-                        keys.apply(db, j, plan)
-                    out.append(Enqueued(_rows.job(row, _rows.comma_list), True))
+                    flagged = () if plan is None else keys.apply(db, j, plan)
+                    out.append(Enqueued(_rows.job(row, _rows.comma_list), True, flagged))
                     continue
                 found = db.execute(Q["jobs_by_idem"], (j.tenant, j.idem_digest)).fetchone()
                 check_replay(found["id"], found["request_fingerprint"], j.request_fingerprint)
