@@ -104,5 +104,5 @@ async def test_modes_degrade_when_disabled_or_full_and_the_claim_carries_the_mod
     assert (job.mode_requested, job.mode_effective, job.degraded_reason) == ("deep", "fast", "mode_disabled")
     with pytest.raises(InvalidRequest, match="mode must be one of deep, fast"):
         await admission.admit(JobRequest("diagnose", mode="shallow"))
-    with pytest.raises(InvalidRequest, match="declares no modes"):
-        await admission.admit(JobRequest("chat", mode="deep"))
+    plain = (await admission.admit(JobRequest("chat", mode="deep"))).job  # no modes: one way to run
+    assert (plain.mode_requested, plain.mode_effective, plain.degraded_reason) == (None, None, None)

@@ -72,17 +72,14 @@ class AgentSpec:
     priority: int = 0
     worker_quota: str | None = None
     """A global quota whose slot a worker must hold *before* it claims a job of this agent (seed 003 §3.1)."""
+    # Scheduling (docs/scheduling.md): jobs of one concurrency key holding its turn at once, the default strategy
+    # of a job of a busy key (`MULTITASK`), the cap on waiting jobs (None: none; per mode with modes), the agent a
+    # job goes to when it is full, and the modes a job may ask for, best first.
     key_limit: int = 1
-    """How many jobs of one concurrency key may hold the key's turn at once (docs/scheduling.md)."""
     multitask: str = "enqueue"
-    """What a job of a busy concurrency key does by default: one of `MULTITASK`."""
     max_queued: int | None = None
-    """The most jobs of this agent waiting to start (queued or scheduled), counted in the store (None: no cap)."""
     degrade_to: str | None = None
-    """The agent a job is routed to when this agent's queue is full (else the admission answers 429)."""
     modes: tuple[str, ...] = ()
-    """The modes a job may ask for, best first (e.g. ("deep", "fast")): a disabled mode, or a full queue of one
-    (`max_queued` counts per mode then), runs as the next one, recorded on the job."""
 
 
 MULTITASK = ("enqueue", "reject", "interrupt", "drop_queued")
@@ -107,28 +104,25 @@ class NewJob:
     deadline_s: float | None
     idem_digest: bytes | None
     request_fingerprint: bytes
+    # Scheduling (docs/scheduling.md): the concurrency key (per tenant), its limit and the job's `multitask`; the
+    # mode asked for, the one it runs in and why they differ; its tenant's step (1 / weight) for fair shares; and
+    # its agent's `max_queued` (per `queue_cap_mode` with modes), which the store checks with the insert under a
+    # lock on the agent (`AgentQueueFull`), so the cap holds across gateways.
     concurrency_key: str | None = None
-    """The job's concurrency key (scoped to its tenant): at most `key_limit` jobs of a key hold its turn."""
     key_limit: int = 1
     multitask: str = "enqueue"
-    """What to do when the key is busy (`MULTITASK`); only read by the enqueue of a keyed job."""
     mode_requested: str | None = None
     mode_effective: str | None = None
     degraded_reason: str | None = None
     fair_step: float = 1.0
-    """How far one job moves its tenant's turn (1 / the tenant's weight, TENURE_TENANT_WEIGHTS): fair shares."""
     queue_cap_mode: str | None = None
-    """The mode `queue_cap` counts jobs of (an agent with modes caps each mode's queue); None: the whole agent."""
     queue_cap: int | None = None
-    """Its agent's `max_queued`: the store inserts it only while fewer of the agent's jobs wait to start, counted
-    under a lock on the agent with the insert (`AgentQueueFull` otherwise), so the cap holds across gateways."""
 
 
 @dataclass(frozen=True, slots=True)
 class WaitingInfo:
-    """What the store knows of why a queued job waits (`JobStore.waiting_info`): the claimable jobs ahead of it
-    in claim order (counted up to a bound: `ahead_capped` when the count stopped there), and, for a job waiting
-    for its concurrency key's turn, the jobs holding the key."""
+    """Why a queued job waits (`JobStore.waiting_info`): claimable jobs ahead of it in claim order (counted up to a
+    bound: `ahead_capped`), and for a job waiting for its concurrency key's turn the jobs holding the key."""
 
     ahead: int
     ahead_capped: bool
@@ -143,9 +137,7 @@ class Enqueued:
 
     job: Job
     created: bool
-    interrupted: tuple[str, ...] = ()
-    """Running jobs of its concurrency key whose cancellation this enqueue requested (`multitask="interrupt"`):
-    their owners are signalled after the commit, as for any cancel request."""
+    interrupted: tuple[str, ...] = ()  # jobs of its key it asked to cancel (interrupt): signalled after the commit
 
     @property
     def job_id(self) -> str:

@@ -295,10 +295,9 @@ class Admission:
 
     def _mode(self, spec: AgentSpec, asked: str | None) -> tuple[str | None, str | None, str | None]:
         """(mode_requested, mode_effective, degraded_reason) of a job of `spec` asking for mode `asked`: the
-        agent's first mode by default; a disabled one (TENURE_DISABLED_MODES) runs as the next enabled mode."""
-        if not spec.modes:
-            if asked is not None:
-                raise InvalidRequest(f"agent {spec.name!r} declares no modes; mode {shown(asked)} cannot be asked for")
+        agent's first mode by default; a disabled one (TENURE_DISABLED_MODES) runs as the next enabled mode. An agent
+        that declares no modes ignores `asked`."""
+        if not spec.modes:  # an agent without modes has one way to run: any mode asked for is that one
             return None, None, None
         mode = spec.modes[0] if asked is None else asked
         if mode not in spec.modes:
