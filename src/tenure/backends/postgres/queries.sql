@@ -15,26 +15,31 @@ WITH x AS (
            AS u(id, tenant, agent, input, priority, requires, idem_digest, fingerprint, deadline_s,
                 max_attempts, timeout_s, retry_safe, ckey, key_limit, key_wait, mode_requested, mode_effective,
                 degraded_reason, fair_step, ord)
+), turn AS MATERIALIZED (
+    -- Where each (tenant, priority) of the batch starts its turns (start-time fair queuing): one step after the
+    -- tenant's last turn among the claimable jobs of that priority, but never before the head of the line (a
+    -- tenant that had nothing queued starts at the head). Two index probes per group, not per row: MATERIALIZED,
+    -- or the planner inlines them into the insert's join, once per row, each probe walking back over the index
+    -- entries of the rows this statement inserted before it (invisible to it: O(batch²)).
+    SELECT g.tenant, g.priority, g.fair_step,
+           greatest((SELECT max(t.fair_at) FROM jobs AS t
+                      WHERE t.tenant = g.tenant AND t.priority = g.priority AND t.state = 'queued'
+                        AND t.owner IS NULL AND NOT t.key_wait) + g.fair_step,
+                    coalesce((SELECT h.fair_at FROM jobs AS h
+                               WHERE h.priority = g.priority AND h.state = 'queued' AND h.owner IS NULL
+                                 AND NOT h.key_wait
+                               ORDER BY h.priority DESC, h.fair_at, h.id LIMIT 1), 0)) AS start
+      FROM (SELECT tenant, priority, min(fair_step) AS fair_step FROM x GROUP BY tenant, priority) AS g
 ), ins AS (
-    -- fair_at, the job's turn among its priority's claimable jobs (start-time fair queuing): one step after its
-    -- tenant's last turn, but never before the head of the line (a tenant that had nothing queued starts at
-    -- the head); the batch's own jobs of a tenant follow one another (nth).
+    -- fair_at: the batch's jobs of one tenant follow one another from its group's start (nth).
     INSERT INTO jobs (id, tenant, agent, input, priority, requires, idem_digest, request_fingerprint,
                       deadline, max_attempts, timeout_s, retry_safe, concurrency_key, key_limit, key_wait,
                       mode_requested, mode_effective, degraded_reason, fair_at)
     SELECT x.id, x.tenant, x.agent, x.input::json, x.priority, string_to_array(x.requires, ','),
            x.idem_digest, x.fingerprint, now() + make_interval(secs => x.deadline_s),
            x.max_attempts, x.timeout_s, x.retry_safe, x.ckey, x.key_limit, x.key_wait, x.mode_requested,
-           x.mode_effective, x.degraded_reason,
-           greatest((SELECT max(t.fair_at) FROM jobs AS t
-                      WHERE t.tenant = x.tenant AND t.priority = x.priority AND t.state = 'queued'
-                        AND t.owner IS NULL AND NOT t.key_wait) + x.fair_step,
-                    coalesce((SELECT h.fair_at FROM jobs AS h
-                               WHERE h.priority = x.priority AND h.state = 'queued' AND h.owner IS NULL
-                                 AND NOT h.key_wait
-                               ORDER BY h.priority DESC, h.fair_at, h.id LIMIT 1), 0))
-           + x.nth * x.fair_step
-      FROM x
+           x.mode_effective, x.degraded_reason, turn.start + x.nth * turn.fair_step
+      FROM x JOIN turn ON turn.tenant = x.tenant AND turn.priority = x.priority
     ON CONFLICT (tenant, idem_digest) WHERE idem_digest IS NOT NULL DO NOTHING
     RETURNING id::text, tenant, agent, input::text, priority, requires, state, owner, epoch, execution_id::text,
               attempts, max_attempts, timeout_s, retry_safe, result::text, error_code, error_message,

@@ -57,16 +57,19 @@ SELECT id, tenant, agent, input, priority, requires, state, owner, epoch, execut
  ORDER BY id DESC LIMIT ?5
 
 -- name: has_claimable --
--- Cheap read-only probe: is anything claimable? (Saves taking the write lock for nothing.)
-SELECT 1 FROM jobs WHERE state = 'queued' AND owner IS NULL AND key_wait = 0 LIMIT 1
+-- Cheap read-only probe: is anything claimable? (Saves taking the write lock for nothing.) INDEXED BY: see
+-- claim_jobs.
+SELECT 1 FROM jobs INDEXED BY jobs_ready WHERE state = 'queued' AND owner IS NULL AND key_wait = 0 LIMIT 1
 
 -- name: claim_jobs --
--- The claim CAS, batched: take up to ?4 claimable jobs with epoch + 1 and the token.
+-- The claim CAS, batched: take up to ?4 claimable jobs with epoch + 1 and the token. The candidates are read from
+-- the head of jobs_ready (INDEXED BY): left to itself, SQLite's planner picked jobs_state_id (state, id) and
+-- sorted every queued job for each claim, 51 ms per job behind 100,000 queued (bench/backlog.py).
 UPDATE jobs
    SET owner = ?1, claimed_at = {now}, claim_expires_at = {now} + ?5, epoch = epoch + 1, token = ?6,
        updated_at = {now}
  WHERE id IN (
-        SELECT id FROM jobs
+        SELECT id FROM jobs INDEXED BY jobs_ready
          WHERE state = 'queued' AND owner IS NULL AND key_wait = 0
            AND agent IN (SELECT value FROM json_each(?2))
            AND (requires = '' OR NOT EXISTS (
