@@ -80,7 +80,7 @@ async def main(n: int, workers: int) -> None:
                 if delay > 0:
                     await asyncio.sleep(delay)
                 t0 = time.time()
-                job_id = await client.submit("pickup", {"i": i})
+                job_id = (await client.submit("pickup", {"i": i})).id
                 sent[job_id] = (t0, time.time())
             await asyncio.sleep(2)
             jobs = {j.id: j for j in await client.jobs(limit=n + 10)}

@@ -17,6 +17,7 @@ client side (`connect`, `LocalClient`, the admission's answers) is loaded on fir
 import typing as _typing
 
 from tenure.contracts.errors import (
+    BudgetExhausted,
     ConfigError,
     HandlerAborted,
     IdempotencyConflict,
@@ -30,12 +31,14 @@ from tenure.contracts.errors import (
     QuotaExhausted,
     QuotaUnavailable,
     RetryableError,
+    StepUnknown,
     StoreUnavailable,
     TenureError,
     UnknownAgent,
 )
 from tenure.contracts.states import JobState, WorkerState
 from tenure.contracts.types import Event, Job
+from tenure.kernel.audit import tool
 from tenure.kernel.context import Context
 from tenure.kernel.registry import Tenure
 
@@ -76,6 +79,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Admitted",
+    "BudgetExhausted",
     "CircuitOpen",
     "ConfigError",
     "Context",
@@ -98,6 +102,7 @@ __all__ = [
     "QuotaExhausted",
     "QuotaUnavailable",
     "RetryableError",
+    "StepUnknown",
     "StoreUnavailable",
     "Tenure",
     "TenureError",
@@ -105,4 +110,5 @@ __all__ = [
     "WorkerState",
     "__version__",
     "connect",
+    "tool",
 ]

@@ -160,7 +160,9 @@ async def open_backends(settings: Settings, *, migrate: bool = True) -> Backends
             store, leases = sqlite, SqliteLeases(sqlite.connection)
         else:
             # NOTIFY for live hints only when no channel carries them (see postgres/signals.py).
-            postgres = await PostgresStore.connect(url, notify=channel is None)
+            postgres = await PostgresStore.connect(
+                url, notify=channel is None, command_timeout_s=settings.store.pg_command_timeout_s
+            )
             store, signals, leases = postgres, PostgresSignals(url), PostgresLeases(postgres.pool)
     except BaseException:
         if channel is not None:

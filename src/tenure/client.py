@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -98,6 +98,7 @@ class Client:
         concurrency_key: str | None = None,
         multitask: str | None = None,
         mode: str | None = None,
+        budget: Mapping[str, float] | None = None,
     ) -> Admitted:
         """Admit a job: the job (the original one when the idempotency key was seen: `created` is False). A
         `reject` job of a busy concurrency key is a `GatewayError` 409 whose problem names `running_job_id`."""
@@ -110,6 +111,7 @@ class Client:
             ("concurrency_key", concurrency_key),
             ("multitask", multitask),
             ("mode", mode),
+            ("budget", dict(budget) if budget is not None else None),
         ):
             if v is not None:
                 body[k] = v

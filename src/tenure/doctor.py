@@ -9,6 +9,8 @@ Checks, each `ok`, `warn` or `fail` (any `fail` makes the command exit 1):
     redis       TENURE_REDIS_URL (optional) answers; its version and clock skew
     workers     workers alive (heartbeat within 2 claim TTLs), by state; none alive while jobs wait = fail
     stuck jobs  jobs still owned past their claim expiry by more than a grace: the sweeper is not running
+    vacuum      PostgreSQL: the oldest transaction holding back vacuum (warn past 60 s, fail past 10 min), dead rows
+                of the jobs and events tables (warn past twice the live rows and 100,000), their sizes
 """
 
 from __future__ import annotations
@@ -135,6 +137,7 @@ async def _check_store(report: Report, store: JobStore, settings: Settings, max_
         now = await store.server_time()
         await _check_workers(report, store, settings, now)
         await _check_stuck(report, store, settings, now)
+        await _check_vacuum(report, store)
     except TenureError as exc:
         report.add("store", "fail", f"{exc.code}: {exc}")
 
@@ -216,3 +219,43 @@ def _redact(url: str) -> str:
     creds, _, host = rest.rpartition("@")
     user = creds.split(":", 1)[0]
     return f"{scheme}://{user}:***@{host}" if ":" in creds else url
+
+
+XMIN_WARN_S = 60.0
+XMIN_FAIL_S = 600.0
+DEAD_WARN = 100_000
+
+
+async def _check_vacuum(report: Report, store: JobStore) -> None:
+    """What SKIP LOCKED queues learn the hard way (docs/operations.md): a transaction left open anywhere in the
+    cluster keeps every dead version of a claimed and finished job, and claims slow down as they pile up."""
+    health = await store.health()
+    sizes = ", ".join(f"{t} {_size(n)}" for t, n in sorted(health.table_bytes.items()))
+    age = health.oldest_xmin_age_s
+    if age is None:  # SQLite: no horizon, no dead rows
+        report.add("vacuum", "ok", f"no vacuum horizon on {store.dialect}; {sizes}", table_bytes=health.table_bytes)
+        return
+    status = "fail" if age > XMIN_FAIL_S else "warn" if age > XMIN_WARN_S else "ok"
+    piling = [
+        t for t in ("jobs", "events") if health.dead_tuples.get(t, 0) > max(DEAD_WARN, 2 * health.live_tuples.get(t, 0))
+    ]
+    if piling and status == "ok":
+        status = "warn"
+    detail = f"oldest transaction holding back vacuum: {age:.0f} s"
+    if health.oldest_xmin_holder and age > XMIN_WARN_S:
+        detail += f" ({health.oldest_xmin_holder})"
+    dead = ", ".join(
+        f"{t} {health.dead_tuples.get(t, 0):,} dead / {health.live_tuples.get(t, 0):,} live" for t in ("jobs", "events")
+    )
+    report.add(
+        "vacuum", status, f"{detail}; {dead}; {sizes}", oldest_xmin_age_s=age, holder=health.oldest_xmin_holder,
+        dead_tuples=dict(health.dead_tuples), live_tuples=dict(health.live_tuples), table_bytes=dict(health.table_bytes),
+    )  # fmt: skip
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024:
+            return f"{n:.0f} {unit}"
+        n //= 1024
+    return f"{n} TiB"

@@ -10,7 +10,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -47,13 +47,14 @@ class LocalClient:
         concurrency_key: str | None = None,
         multitask: str | None = None,
         mode: str | None = None,
+        budget: Mapping[str, float] | None = None,
     ) -> Admitted:
         """Admit one job: the job as admitted (the original one when the idempotency key was seen, `created`
         False). Over a queue cap raises `QueueFull`, while the agent's circuit is open `CircuitOpen`; a `reject`
         job of a busy concurrency key raises `KeyBusy` (docs/scheduling.md)."""
         req = JobRequest(
-            agent, input, priority, requires, deadline_s, max_attempts, idempotency_key, tenant, concurrency_key,
-            multitask, mode,
+            agent, input, priority, requires, deadline_s, max_attempts, idempotency_key, tenant,
+            concurrency_key=concurrency_key, multitask=multitask, mode=mode, budget=budget,
         )  # fmt: skip
         return await self.service.submit(req)
 
@@ -98,9 +99,10 @@ class LocalClient:
         body = {"approved": approved, "comment": comment}
         return _known(job_id, await self.service.approve(ref_id(job_id), body))
 
-    async def requeue(self, job_id: JobRef) -> Job:
-        """Put a finished job back in the queue (an operator's command)."""
-        return await self.service.requeue(ref_id(job_id))
+    async def requeue(self, job_id: JobRef, **edit: Any) -> Job:
+        """Put a finished job back in the queue (an operator's command); `requeue(id, input=...)` edits its
+        input (recorded in the job's audit)."""
+        return await self.service.requeue(ref_id(job_id), None, edit or None)
 
     async def workers(self, include_gone: bool = False) -> list[WorkerInfo]:
         """The registry."""

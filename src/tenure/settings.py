@@ -25,10 +25,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from tenure.contracts.audit import parse_prices
 from tenure.contracts.errors import ConfigError
 from tenure.contracts.quotas import QuotaSpec, parse_quotas, quotas_from_table
 from tenure.control.admission import AdmissionLimits
 from tenure.control.gate import GateConfig
+from tenure.control.tenant_budgets import parse_tenant_budgets
 from tenure.worker.config import WorkerConfig
 
 DEFAULT_APP = "tenure.demos.examples:app"
@@ -41,6 +43,8 @@ class StoreSettings:
 
     database_url: str = "sqlite:///./tenure.db"
     sqlite_synchronous: str = "FULL"
+    pg_command_timeout_s: float | None = 30.0
+    """Each PostgreSQL statement's bound at the client (None: unbounded); migrations are not bounded."""
 
     def __post_init__(self) -> None:
         if self.database_url.split(":", 1)[0] not in _SQL_SCHEMES:
@@ -141,14 +145,18 @@ class Settings:
 
 
 # -- parsers: (variable name, text) -> value ---------------------------------------------------------------------
-def _pos_float(name: str, text: str) -> float:
+def _pos_float(name: str, text: str, unit: str = "seconds") -> float:
     try:
         value = float(text)
     except ValueError:
-        raise ConfigError(f"{name} must be a number of seconds, not {text!r}") from None
+        raise ConfigError(f"{name} must be a number of {unit}, not {text!r}") from None
     if not value > 0 or value != value or value == float("inf"):
         raise ConfigError(f"{name} must be a positive, finite number, not {text!r}")
     return value
+
+
+def _seconds_or_off(name: str, text: str) -> float | None:
+    return None if text.strip() in ("0", "off") else _pos_float(name, text)
 
 
 def _pos_int(name: str, text: str) -> int:
@@ -253,6 +261,7 @@ def _session_s(name: str, text: str) -> int:
 _TABLE: dict[str, tuple[str, str, Callable[[str, str], Any]]] = {
     "database_url": ("store", "database_url", _text),
     "sqlite_synchronous": ("store", "sqlite_synchronous", _choice("FULL", "NORMAL")),
+    "pg_command_timeout_s": ("store", "pg_command_timeout_s", _seconds_or_off),
     "heartbeat_s": ("worker", "heartbeat_s", _pos_float),
     "claim_ttl_s": ("worker", "claim_ttl_s", _pos_float),
     "sweep_interval_s": ("worker", "sweep_interval_s", _pos_float),
@@ -261,6 +270,8 @@ _TABLE: dict[str, tuple[str, str, Callable[[str, str], Any]]] = {
     "concurrency": ("worker", "concurrency", _pos_int),
     "capabilities": ("worker", "capabilities", _tags),
     "claim_mode": ("worker", "claim_mode", _choice("one_step", "two_step")),
+    "prices": ("worker", "prices", lambda name, text: parse_prices(text, name)),
+    "retention_days": ("worker", "retention_days", lambda name, text: _pos_float(name, text, "days")),
     "lag_interval_s": ("worker", "lag_interval_s", _pos_float),
     "stall_threshold_s": ("worker", "stall_threshold_s", _pos_float),
     "degraded_lag_s": ("worker", "degraded_lag_s", _pos_float),
@@ -269,6 +280,7 @@ _TABLE: dict[str, tuple[str, str, Callable[[str, str], Any]]] = {
     "default_deadline_s": ("limits", "default_deadline_s", _pos_float),
     "disabled_modes": ("limits", "disabled_modes", _modes),
     "tenant_weights": ("limits", "tenant_weights", _weights),
+    "tenant_budgets": ("limits", "tenant_budgets", lambda name, text: parse_tenant_budgets(text, name)),
     "max_queued": ("gate", "max_queued", _pos_int),
     "max_queued_per_tenant": ("gate", "max_queued_per_tenant", _pos_int),
     "breaker_threshold": ("gate", "breaker_threshold", _pos_int),

@@ -150,11 +150,11 @@ def test_a_job_out_of_attempts_is_dead_listed_and_requeued(database_url: str, tm
             "2",
             "--wait",
             "--timeout",
-            "60",
+            "45",  # under the subprocess's 60 s, so a stuck job is reported with the worker's log, not killed
             "--json",
             env={"TENURE_POLL_S": "0.2"},
         )
-        assert out.returncode == 1, out.stderr
+        assert out.returncode == 1, f"{out.stderr}\n--- worker log ---\n{worker.log()[-4000:]}"
         job = json.loads(out.stdout)
         assert job["state"] == "dead" and job["attempts"] == 2 and "after 2 attempts" in job["error_message"]
         dead = json.loads(tenure(database_url, "jobs", "--state", "dead", "--json").stdout)

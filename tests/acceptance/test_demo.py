@@ -84,7 +84,7 @@ def test_demo_tells_the_story_and_leaves_no_worker_behind() -> None:
     assert not timed_out, f"the demo did not finish within {DEMO_TIMEOUT_S}s:\n{out}"
     assert proc.returncode == 0, f"the demo exited {proc.returncode}:\n{out}"
     assert store is not None, out
-    assert len(pids) == 3, f"expected 3 worker pids in the output:\n{out}"
+    assert len(pids) == 4, f"expected 4 worker pids in the output (W4 replaces the worker killed in 4b):\n{out}"
     assert not survivors, f"worker processes survived the demo: {survivors}\n{out}"
 
     # Short jobs went to idle workers at once while W1 was busy with the long job.
@@ -102,6 +102,10 @@ def test_demo_tells_the_story_and_leaves_no_worker_behind() -> None:
     # The started job of a killed worker became lost, and its side effect happened exactly once.
     assert "the sweeper marked crash lost (owner_lost)" in out, out
     assert re.search(r"state lost, epoch 1, 1 execution, counter file = 1\b", out), out
+    # 4b: a retry-safe journaled job killed inside a step is requeued and resumes, each effect once
+    assert re.search(r"journaled succeeded at epoch 2 after 2 attempts; executions: W\d lost @1, W4 succeeded @2", out), out
+    assert "journal.txt = fetch publish notify  (each step's effect once)" in out, out
+    assert "step.unknown" in out, out
     # step 6: the gateway, two workers and the mock model under a quota of 4
     assert re.search(
         r"(\d+) of \1 chat jobs succeeded; the mock model saw \d+ requests, at most [1-4] at once, "

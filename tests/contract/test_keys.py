@@ -19,6 +19,7 @@ AGENTS = {
     "chat": AgentSpec("chat"),
     "pair": AgentSpec("pair", key_limit=2),
     "strict": AgentSpec("strict", multitask="reject"),
+    "capped": AgentSpec("capped", max_queued=5),
 }
 AGENT_NAMES = tuple(AGENTS)
 TTL = 30.0
@@ -117,6 +118,32 @@ async def test_requeue_of_a_keyed_job_waits_for_its_turn(store: Store) -> None:
     await store.finish(W2, [fin2])
     assert await claim_all(store) == [first]
     assert second != first
+
+
+async def test_a_keyed_or_capped_job_is_written_with_its_budget(store: Store) -> None:
+    # Keyed and capped jobs are enqueued under their locks, not by the plain batch insert: their budget rides too.
+    holder = await submit(store, budget={"tool_calls": 3})
+    waiting = await submit(store, budget={"cost": 1.5})
+    capped = await submit(store, key=None, agent="capped", budget={"tokens": 100})
+    plain = await submit(store)
+    assert (await store.get_job(waiting)).key_wait  # type: ignore[union-attr]
+    budgets = {j: await store.read_budget(j) for j in (holder, waiting, capped, plain)}
+    assert {j: None if b is None else b.limits for j, b in budgets.items()} == {
+        holder: {"tool_calls": 3},
+        waiting: {"cost": 1.5},
+        capped: {"tokens": 100},
+        plain: None,
+    }
+
+
+async def test_requeue_of_a_keyed_job_with_an_edited_input_waits_for_its_turn(store: Store) -> None:
+    first = await submit(store)
+    _, fin = await run_one(store)
+    await store.finish(W1, [Finish(fin.fence, fin.execution_id, 0.0, JobState.FAILED, 2, None, "x", "y", 0.0)])
+    job = await store.requeue(first, input_json='{"n": 2}')  # the key is free: the turn passes to it at once
+    assert job.state is JobState.QUEUED and not job.key_wait and job.input == {"n": 2}
+    assert await claim_all(store) == [first]
+    assert [r.kind for r in await store.read_audit(first, None, 10)] == ["requeue"]
 
 
 async def test_reject_answers_the_running_job_and_writes_nothing(store: Store) -> None:

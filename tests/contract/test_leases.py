@@ -765,6 +765,32 @@ async def test_unreachable_redis_raises_leases_unavailable_from_the_driver_error
         await dead.close()
 
 
+async def test_a_redis_that_never_answers_is_reported_after_one_timeout_not_retried() -> None:
+    """A silent network (a partition, a frozen server) is a reply that never comes: the lease client reports it
+    after one `timeout_s`, so the quota layer can fail closed or open at once; only a broken connection is
+    retried. Counted in connections the silent server accepted (each retry reconnects), not in seconds."""
+    connections = 0
+
+    async def swallow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        with contextlib.suppress(ConnectionError):
+            while await reader.read(4096):
+                pass
+        writer.close()
+
+    server = await asyncio.start_server(swallow, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    silent = RedisLeases(f"redis://127.0.0.1:{port}/0", timeout_s=0.3)
+    try:
+        with pytest.raises(LeasesUnavailable, match="Timeout"):
+            await silent.acquire("k", "a", limit=1, ttl_s=1)
+        assert connections == 1
+    finally:
+        await silent.close()
+        server.close()
+
+
 # -- the contender processes (this file run as a script) ---------------------------------------------------
 def _emit(message: dict[str, Any]) -> None:
     # One write(2) of a short line is atomic on a pipe, so fifty processes never interleave their lines.

@@ -46,6 +46,9 @@ async def test_only_the_holder_of_the_sweeper_duty_sweeps_and_another_takes_it_w
     counts = [await _sweeps(u) for u in urls]
     assert sorted(c > 0 for c in counts) == [False, False, True], counts
     holder = counts.index(max(counts))
+    # The holder, and only it, exports the store's health (on SQLite, the file's size as table "(file)").
+    sizes = [value(await scrape(u), "tenure_store_table_bytes") for u in urls]
+    assert sizes[holder] > 0 and sum(sizes) == sizes[holder], sizes
     workers[holder].signal(signal.SIGKILL)
     others = [u for i, u in enumerate(urls) if i != holder]
     before = [await _sweeps(u) for u in others]

@@ -223,3 +223,35 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+async def test_a_statement_queued_behind_a_lock_is_bounded_and_the_store_works_once_it_is_released(
+    private_database: str,
+) -> None:
+    """A reply that never comes (a silent network, a statement queued behind another session's lock) ends after
+    `TENURE_PG_COMMAND_TIMEOUT_S` as `StoreUnavailable`, on the pool and on the claim connection alike, instead of
+    holding the worker's loops until TCP gives up; the connections it timed out on are replaced, so the same store
+    answers again once the lock is gone."""
+    from tenure.backends.postgres import PostgresStore
+    from tenure.contracts.errors import StoreUnavailable
+    from tenure.contracts.types import JobFilter
+
+    url = _admin_url(private_database)
+    store = await PostgresStore.connect(url, command_timeout_s=0.5)
+    locker = await asyncpg.connect(url)
+    try:
+        await store.migrate()
+        tx = locker.transaction()
+        await tx.start()
+        await locker.execute("LOCK TABLE jobs IN ACCESS EXCLUSIVE MODE")
+        async with asyncio.timeout(30):  # unbounded statements would wait here until the lock is released
+            with pytest.raises(StoreUnavailable, match="TimeoutError"):
+                await store.list_jobs(JobFilter(limit=1))  # a pool connection
+            with pytest.raises(StoreUnavailable, match="TimeoutError"):
+                await store.claim("w1", ["echo"], [], 1, 5.0)  # the claim connection
+        await tx.rollback()
+        assert await store.list_jobs(JobFilter(limit=1)) == []
+        assert await store.claim("w1", ["echo"], [], 1, 5.0) == []
+    finally:
+        await locker.close()
+        await store.close()

@@ -42,6 +42,9 @@ _METRICS = (
 ALLOWED: dict[str, str] = {
     # -- in docs/state-inventory.md
     "tenure.backends.postgres.signals.PostgresSignals._control_jobs": ROW,
+    "tenure.worker.audit.ExecutionAudit._steps": ROW,
+    "tenure.worker.audit.ExecutionAudit._used": ROW,
+    "tenure.worker.completer.Completer._records": ROW,
     "tenure.backends.postgres.signals.PostgresSignals._notices": ROW,
     "tenure.backends.redis.ready_index.RedisReadyIndex._groups": ROW,
     "tenure.backends.signals.ChannelSignals._outbox": ROW,
@@ -79,6 +82,7 @@ ALLOWED: dict[str, str] = {
     "tenure.worker.held.Held.claimed": ROW,
     "tenure.worker.held.Held.running": ROW,
     "tenure.worker.observe.WorkerObserver._claimed_at": ROW,
+    "tenure.worker.observe.WorkerObserver._health_tables": ROW,
     "tenure.worker.observe.WorkerObserver._late_samples": ROW,
     "tenure.worker.observe.WorkerObserver._lost_workers": ROW,
     "tenure.worker.observe.WorkerObserver._quota_fail_open_seen": ROW,

@@ -12,7 +12,8 @@ across two files in two languages:
     lost_outcome         the sweeper's decision for an execution whose owner stopped heartbeating, and its event
     finish_effects       what a matched finish CAS writes besides the job row: the event, the execution record,
                          the circuit breaker's count
-    EXPIRED_EVENT, CANCELLED_EVENT, REQUEUED_EVENT   the events a store appends on its own
+    EXPIRED_EVENT, CANCELLED_EVENT, REQUEUED_EVENT   the events a store appends on its own (requeued_event: with
+                         an edited input)
 
 Two rules are used above the backends too, so they live in `contracts.types`: the idempotency answer
 (`check_replay`) and the circuit breaker's arithmetic over the store's failure window
@@ -24,10 +25,11 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from tenure.contracts.errors import AgentQueueFull, MigrationError
 from tenure.contracts.states import JobState
-from tenure.contracts.types import Finish
+from tenure.contracts.types import Finish, StoreHealth
 
 # -- leases ------------------------------------------------------------------------------------------------------------
 
@@ -106,6 +108,12 @@ CANCELLED_EVENT = _event("job.cancelled", state="cancelled", error_code="cancell
 
 REQUEUED_EVENT = StoreEvent("job.requeued", "{}")
 """A terminal job an operator put back in the queue."""
+
+
+def requeued_event(input_edited: bool) -> StoreEvent:
+    """The event of a requeue: `REQUEUED_EVENT`, or with `{"input_edited": true}` when the operator edited the
+    input (the previous and the new input are then an audit record of kind `requeue`)."""
+    return _event("job.requeued", input_edited=True) if input_edited else REQUEUED_EVENT
 
 
 # -- the finish ------------------------------------------------------------------------------------------------------------
@@ -232,3 +240,19 @@ def check_queue_cap(job_id: str, agent: str, cap: int | None, waiting: int) -> N
         raise AgentQueueFull(
             f"agent {agent!r} has {waiting} jobs waiting to start; its limit (max_queued) is {cap}", job_id, agent, waiting
         )
+
+
+# -- store health -----------------------------------------------------------------------------------------------------
+
+
+def store_health(horizon: Any, tables: Sequence[Any]) -> StoreHealth:
+    """A `StoreHealth` from the rows of `health_xmin_horizon` (age_s, holder; none when nothing holds the horizon)
+    and `health_tables` (name, dead, live, bytes)."""
+    age, holder = (0.0, None) if horizon is None else (max(0.0, float(horizon["age_s"])), horizon["holder"])
+    return StoreHealth(
+        age,
+        holder,
+        {r["name"]: int(r["dead"]) for r in tables},
+        {r["name"]: int(r["live"]) for r in tables},
+        {r["name"]: int(r["bytes"]) for r in tables},
+    )

@@ -21,8 +21,9 @@ says which write wakes whom, whatever the transport. Reads and the other writes 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from tenure.contracts.audit import AuditRecord, BudgetUse, StepRecord, StoredRecord
 from tenure.contracts.states import WorkerState
 from tenure.contracts.store import JobStore, OffloadStats, Signals
 from tenure.contracts.types import (
@@ -44,6 +45,7 @@ from tenure.contracts.types import (
     NewJob,
     Start,
     Started,
+    StoreHealth,
     SweepReport,
     WaitingInfo,
     WorkerInfo,
@@ -110,8 +112,8 @@ class AfterCommit:
     async def list_jobs(self, flt: JobFilter) -> list[Job]:
         return await self.store.list_jobs(flt)
 
-    async def requeue(self, job_id: str, tenant: str | None = None) -> Job:
-        job = await self.store.requeue(job_id, tenant)  # raises unless it was requeued
+    async def requeue(self, job_id: str, tenant: str | None = None, input_json: str | None = None) -> Job:
+        job = await self.store.requeue(job_id, tenant, input_json)  # raises unless it was requeued
         self.signals.jobs_changed()
         self.signals.events_changed([job_id])
         return job
@@ -207,6 +209,9 @@ class AfterCommit:
     async def count_live_jobs(self) -> JobCounts:
         return await self.store.count_live_jobs()
 
+    async def health(self) -> StoreHealth:
+        return await self.store.health()
+
     # -- the gateway's side --------------------------------------------------------------------------------------
     async def admission_state(
         self, tenant: str, circuit_key: str, threshold: int, window_s: float, open_s: float
@@ -256,6 +261,44 @@ class AfterCommit:
 
     async def control_state(self, job_ids: Sequence[str]) -> tuple[frozenset[str], dict[str, int]]:
         return await self.store.control_state(job_ids)
+
+    # -- the audit chain and the journal ----------------------------------------------------------------------------
+    async def append_audit(self, records: Sequence[AuditRecord], events: Sequence[NewEvent]) -> set[str]:
+        rejected = await self.store.append_audit(records, events)
+        written = {e.fence.job_id for e in events} - rejected
+        if written:
+            self.signals.events_changed(written)
+        return rejected
+
+    async def read_audit(self, job_id: str, after: tuple[int, int] | None, limit: int) -> list[StoredRecord]:
+        return await self.store.read_audit(job_id, after, limit)
+
+    async def audit_usage(self, job_id: str) -> dict[str, float]:
+        return await self.store.audit_usage(job_id)
+
+    async def read_budget(self, job_id: str) -> BudgetUse | None:
+        return await self.store.read_budget(job_id)
+
+    async def purge_finished(self, older_than_s: float, limit: int) -> list[str]:
+        return await self.store.purge_finished(older_than_s, limit)
+
+    async def usage_report(self, from_s: float, to_s: float, group_by: str, tenant: str | None) -> list[dict[str, Any]]:
+        return await self.store.usage_report(from_s, to_s, group_by, tenant)
+
+    async def read_steps(self, job_id: str) -> list[StepRecord]:
+        return await self.store.read_steps(job_id)
+
+    async def begin_step(self, fence: Fence, execution_id: str, key: str) -> StepRecord | None:
+        return await self.store.begin_step(fence, execution_id, key)
+
+    async def end_step(self, fence: Fence, execution_id: str, key: str, result_json: str) -> bool:
+        return await self.store.end_step(fence, execution_id, key, result_json)
+
+    async def resolve_step(self, fence: Fence, key: str, result_json: str) -> bool:
+        return await self.store.resolve_step(fence, key, result_json)
+
+    async def clear_step(self, fence: Fence, execution_id: str, key: str) -> bool:
+        return await self.store.clear_step(fence, execution_id, key)
 
 
 if TYPE_CHECKING:

@@ -4,6 +4,7 @@ paragraph and exit non-zero (2 for bad usage or configuration, 1 for everything 
     _common.py   settings, output, input, the gateway client
     run.py       migrate, worker, gateway, up, doctor, demo, mock-model
     jobs.py      submit, tail, cancel, approve, jobs, job, events, requeue, workers
+    audit.py     audit, usage
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import asyncio
 import sys
 
 from tenure.cli._common import setup_cli_logging
+from tenure.cli.audit import cmd_audit, cmd_usage
 from tenure.cli.jobs import (
     cmd_approve,
     cmd_cancel,
@@ -82,6 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="when the key is busy: wait, refuse, cancel the running job, or replace queued ones (default: the agent's)",
     )
     sp.add_argument("--mode", help="the mode to run in, of those the agent declares (e.g. deep, fast)")
+    sp.add_argument("--budget", help='limits as JSON, e.g. \'{"tool_calls": 50, "cost": 2.5}\' (docs/budgets.md)')
     sp.add_argument("--wait", action="store_true", help="wait for the job to finish and print it")
     sp.add_argument("--timeout", type=float, default=None, help="with --wait: give up after this many seconds")
     sp.add_argument("--url", help="submit through this gateway (TENURE_URL) instead of the store directly")
@@ -145,9 +148,22 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--limit", type=int, default=10000)
     sp.set_defaults(fn=cmd_events)
 
+    sp = sub.add_parser("audit", help="show a job's audit: executions, tool calls, evidence, usage, journal steps")
+    common(sp)
+    sp.add_argument("id")
+    sp.set_defaults(fn=cmd_audit)
+
+    sp = sub.add_parser("usage", help="usage (ctx.usage) summed per tenant, agent or model")
+    common(sp)
+    sp.add_argument("--from", dest="from_s", type=float, help="from this time (epoch seconds; default: all time)")
+    sp.add_argument("--to", dest="to_s", type=float, help="until this time (epoch seconds, excluded)")
+    sp.add_argument("--group-by", choices=["tenant", "agent", "model"], default="tenant")
+    sp.set_defaults(fn=cmd_usage)
+
     sp = sub.add_parser("requeue", help="put a dead (or failed, lost, expired, cancelled) job back in the queue")
     common(sp)
     sp.add_argument("id")
+    sp.add_argument("--input", help="run it with this input instead: JSON text, @file or - (recorded in its audit)")
     sp.set_defaults(fn=cmd_requeue)
 
     sp = sub.add_parser("demo", help="run the demo on a temporary SQLite file (what `make demo` runs)")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import sys
 from typing import Any
 
 from tenure.cli._common import (
@@ -22,7 +23,18 @@ from tenure.cli._common import (
 )
 from tenure.contracts.errors import ConfigError, NotFound
 from tenure.contracts.states import JobState
+from tenure.contracts.types import Job
 from tenure.local import LocalClient, connect
+
+
+def read_budget(text: str | None) -> Any:
+    """`--budget JSON`: the job's limits (admission validates them)."""
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        raise ConfigError(f"--budget is not JSON: {text!r} (e.g. '{{\"tool_calls\": 50}}')") from None
 
 
 async def cmd_submit(args: argparse.Namespace) -> int:
@@ -46,16 +58,31 @@ async def cmd_submit(args: argparse.Namespace) -> int:
             concurrency_key=args.concurrency_key,
             multitask=args.multitask,
             mode=args.mode,
+            budget=read_budget(args.budget),
         )
         job_id = admitted.job.id
         if not args.wait:
             out(args, {"id": job_id}, lambda: print(job_id))
             return 0
-        job = await client.wait(job_id, args.timeout)
+        job = await _wait(client, job_id, args.timeout)
         out(args, job.to_dict(), lambda: print_job(job))
         return 0 if job.state is JobState.SUCCEEDED else 1
 
     return await with_client(args, go)
+
+
+async def _wait(client: Any, job_id: str, timeout_s: float | None) -> Job:
+    """`--wait`: the job once terminal; at `--timeout`, the job as it stands (its state says it is not done, so the
+    exit code is 1) and a line on stderr saying so. The job itself goes on: a wait never cancels it."""
+    try:
+        return await client.wait(job_id, timeout_s)  # type: ignore[no-any-return]
+    except TimeoutError:
+        job = await client.job(job_id)
+        print(
+            f"tenure: job {job_id} is still {job.state.value} after {timeout_s:g} s; it goes on (`tenure job {job_id}`)",
+            file=sys.stderr,
+        )
+        return job  # type: ignore[no-any-return]
 
 
 async def _submit_via_gateway(args: argparse.Namespace, url: str, payload: Any) -> int:
@@ -71,6 +98,7 @@ async def _submit_via_gateway(args: argparse.Namespace, url: str, payload: Any) 
             concurrency_key=args.concurrency_key,
             multitask=args.multitask,
             mode=args.mode,
+            budget=read_budget(args.budget),
         )
         job_id = admitted.job.id
         if args.follow:
@@ -79,7 +107,7 @@ async def _submit_via_gateway(args: argparse.Namespace, url: str, payload: Any) 
             last = await follow(client, job_id, None, args.json)
             return 0 if last == "job.succeeded" else 1
         if args.wait:
-            job = await client.wait(job_id, args.timeout)
+            job = await _wait(client, job_id, args.timeout)
             out(args, job.to_dict(), lambda: print(json.dumps(job.to_dict(), indent=2)))
             return 0 if job.state is JobState.SUCCEEDED else 1
         out(args, {"id": job_id}, lambda: print(job_id))
@@ -152,7 +180,7 @@ async def cmd_events(args: argparse.Namespace) -> int:
 
 async def cmd_requeue(args: argparse.Namespace) -> int:
     async def go(client: LocalClient) -> int:
-        job = await client.requeue(args.id)
+        job = await client.requeue(args.id, input=read_input(args.input)) if args.input else await client.requeue(args.id)
         out(args, job.to_dict(), lambda: print(f"requeued {job.id} ({job.agent}); it is {job.state.value}"))
         return 0
 

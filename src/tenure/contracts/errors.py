@@ -24,6 +24,8 @@
         ├── LeaseLost               a quota lease of this execution expired or was taken: stop calling out
         ├── JobCancelled            the job was cancelled; the handler should stop
         ├── PermanentError          a handler failure that must not be retried (job → failed)
+        │   ├── StepUnknown         a journaled step began in an earlier attempt and never recorded its end
+        │   └── BudgetExhausted     the job reached one of its budget's limits (tool calls, tokens, cost, wall)
         ├── RetryableError          a handler failure worth another attempt (job → scheduled or dead)
         └── HandlerAborted          a handler (or a call it offloaded) raised SystemExit, KeyboardInterrupt or
                                     GeneratorExit: its own failure (retried like any error), never the worker's end
@@ -226,6 +228,34 @@ class PermanentError(ExecutionError):
     """Raise from a handler for a failure that another attempt would not fix (the job becomes `failed`)."""
 
     code = "permanent_error"
+
+
+class StepUnknown(PermanentError):
+    """`ctx.step(key, ...)` found that an earlier attempt began step `key` and never recorded its end (its owner
+    was lost mid-step): whether its effect happened is unknown, so the journal never runs it again by itself.
+    The handler decides (look at the effect, then `await ctx.resolve_step(key, result)`); left uncaught, the
+    job fails with code `step_unknown` rather than retrying into the same question (docs/journal.md)."""
+
+    code = "step_unknown"
+
+    def __init__(self, key: str, started_at: float) -> None:
+        super().__init__(f"step {key!r} began at {started_at:.3f} in an earlier attempt and never recorded its end")
+        self.key = key
+        self.started_at = started_at
+
+
+class BudgetExhausted(PermanentError):
+    """The job reached a limit of its budget (`budget={...}` on submit; docs/budgets.md): it ends `failed` with
+    code `budget_exhausted`, and the message names the limit. `.limit` is its name, `.used` and `.allowed` the
+    amounts."""
+
+    code = "budget_exhausted"
+
+    def __init__(self, limit: str, used: float, allowed: float) -> None:
+        super().__init__(f"the job's {limit} budget is exhausted: {used:g} used of {allowed:g}")
+        self.limit = limit
+        self.used = used
+        self.allowed = allowed
 
 
 class RetryableError(ExecutionError):

@@ -23,8 +23,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, TypeVar, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
+from tenure.contracts.audit import AuditRecord, BudgetUse, StepRecord, StoredRecord
 from tenure.contracts.states import JobState, WorkerState
 from tenure.contracts.types import (
     AdmissionState,
@@ -46,6 +47,7 @@ from tenure.contracts.types import (
     NewJob,
     Start,
     Started,
+    StoreHealth,
     SweepReport,
     WaitingInfo,
     WorkerInfo,
@@ -145,9 +147,11 @@ class JobStore(Protocol):
         """Jobs matching the filter, newest first."""
         ...
 
-    async def requeue(self, job_id: str, tenant: str | None = None) -> Job:
+    async def requeue(self, job_id: str, tenant: str | None = None, input_json: str | None = None) -> Job:
         """Put a terminal (not succeeded) job back in the queue with fresh attempts. Raises NotFound or
-        IllegalTransition."""
+        IllegalTransition. With `input_json`, the job's input becomes it, in the same transaction, and the edit
+        is recorded in its audit (a `requeue` record: the previous input and the new one) and its event
+        (`job.requeued` with `input_edited`)."""
         ...
 
     # -- ownership: the three conditional updates -------------------------------------------------------------
@@ -243,6 +247,11 @@ class JobStore(Protocol):
         """Unfinished jobs by state and the ready queue by tenant, through indexes only (for metrics)."""
         ...
 
+    async def health(self) -> StoreHealth:
+        """What holds the store back: the oldest transaction holding back vacuum, dead rows and sizes of its tables
+        (from the database's own statistics: a few catalog reads, never a scan of a table)."""
+        ...
+
     # -- the gateway's side: admission counts, control commands ------------------------------------------------------
     async def admission_state(
         self, tenant: str, circuit_key: str, threshold: int, window_s: float, open_s: float
@@ -300,6 +309,62 @@ class JobStore(Protocol):
 
     async def control_state(self, job_ids: Sequence[str]) -> tuple[frozenset[str], dict[str, int]]:
         """For these jobs: the ones with a cancel request, and the last command sequence number of each."""
+        ...
+
+    # -- the audit chain and the effect journal (docs/audit.md, docs/journal.md) -----------------------------------
+    async def append_audit(self, records: Sequence[AuditRecord], events: Sequence[NewEvent]) -> set[str]:
+        """`append_events(events)` and the audit records, in one transaction: each written only while its fence
+        owns a running or waiting job (a duplicate (job, epoch, seq) is ignored). Returns the job ids whose
+        events or records were rejected (their executions lost ownership)."""
+        ...
+
+    async def read_audit(self, job_id: str, after: tuple[int, int] | None, limit: int) -> list[StoredRecord]:
+        """A job's audit records in (epoch, seq) order, strictly after `after`."""
+        ...
+
+    async def audit_usage(self, job_id: str) -> dict[str, float]:
+        """Every usage counter of a job's usage records, summed over all its executions."""
+        ...
+
+    async def read_budget(self, job_id: str) -> BudgetUse | None:
+        """A job's budget (written with the job by `enqueue` from `NewJob.budget_json`) and what its executions
+        used of it so far; None for a job without a budget."""
+        ...
+
+    async def purge_finished(self, older_than_s: float, limit: int) -> list[str]:
+        """Retention: delete up to `limit` jobs that finished (a terminal state) more than `older_than_s` seconds
+        ago on the database clock, oldest first, each with its whole history — events, executions, audit
+        records, journal steps, budget, commands — in one transaction. Never a job that is not terminal (a
+        requeued one is not). Returns the ids deleted."""
+        ...
+
+    async def usage_report(self, from_s: float, to_s: float, group_by: str, tenant: str | None) -> list[dict[str, Any]]:
+        """The usage records written in [from_s, to_s) (epoch seconds, database clock), of one tenant or all,
+        summed per `group_by` (`tenant`, `agent` or `model`): `key`, `reports`, `input_tokens`, `output_tokens`,
+        `cost_usd`, ordered by key."""
+        ...
+
+    async def read_steps(self, job_id: str) -> list[StepRecord]:
+        """A job's journal, in the order its steps began."""
+        ...
+
+    async def begin_step(self, fence: Fence, execution_id: str, key: str) -> StepRecord | None:
+        """Fenced: record that this execution begins step `key`, unless the job's journal has that key already.
+        Returns the key's row after the write (this begin, or the one already there); None when the fence no
+        longer owns the job (nothing was written)."""
+        ...
+
+    async def end_step(self, fence: Fence, execution_id: str, key: str, result_json: str) -> bool:
+        """Fenced: the step this execution began is `done` with its result. False: nothing was written."""
+        ...
+
+    async def resolve_step(self, fence: Fence, key: str, result_json: str) -> bool:
+        """Fenced: a step an earlier execution began and never ended is `resolved` with this result (the
+        handler's decision). False: nothing was written."""
+        ...
+
+    async def clear_step(self, fence: Fence, execution_id: str, key: str) -> bool:
+        """Fenced: forget the begin of a step whose function raised. False: nothing was written."""
         ...
 
 

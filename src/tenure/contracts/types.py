@@ -117,6 +117,7 @@ class NewJob:
     fair_step: float = 1.0
     queue_cap_mode: str | None = None
     queue_cap: int | None = None
+    budget_json: str | None = None  # the job's limits (docs/budgets.md), written beside the job
 
 
 @dataclass(frozen=True, slots=True)
@@ -383,6 +384,23 @@ class HeartbeatReply:
 
     def lost(self, held: Sequence[Fence]) -> list[Fence]:
         return [f for f in held if f.job_id not in self.renewed]
+
+
+@dataclass(frozen=True, slots=True)
+class StoreHealth:
+    """What holds a store back, for metrics and `tenure doctor` (docs/operations.md).
+
+    `oldest_xmin_age_s`: on PostgreSQL, the age of the oldest transaction (or snapshot, prepared transaction,
+    replication slot) that keeps VACUUM from removing dead rows — the "xmin horizon"; while it stays old, every
+    claim and finish leaves dead versions of `jobs` rows behind that nothing can reclaim. None where the store has
+    no such thing (SQLite). `oldest_xmin_holder` says who holds it. Per table: dead rows (`dead_tuples`, PostgreSQL's
+    estimate), live rows and bytes on disk with indexes (`table_bytes`; on SQLite, the whole file as `(file)`)."""
+
+    oldest_xmin_age_s: float | None
+    oldest_xmin_holder: str | None
+    dead_tuples: Mapping[str, int]
+    live_tuples: Mapping[str, int]
+    table_bytes: Mapping[str, int]
 
 
 @dataclass(frozen=True, slots=True)

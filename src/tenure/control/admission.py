@@ -24,7 +24,7 @@ import math
 import re
 import sys
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from tenure.contracts.errors import (
@@ -41,6 +41,7 @@ from tenure.contracts.types import DEFAULT_TENANT, AgentSpec, Enqueued, Job, New
 from tenure.control.gate import CircuitOpen, Gate, GateConfig, GateObserver, QueueFull
 from tenure.control.models import KEY, TENANT, JobSpec, check, shown, validated
 from tenure.control.routing import Router
+from tenure.control.tenant_budgets import TenantBudget, check_tenant_budgets
 
 HINT_TIMEOUT_S = 0.5
 """The longest a submit waits for the ready index to take its hint (it is an accelerator, never the truth)."""
@@ -171,6 +172,8 @@ class AdmissionLimits:
     tenant_weights: tuple[tuple[str, float], ...] = ()
     """(tenant, weight) pairs (TENURE_TENANT_WEIGHTS): within one priority a tenant of weight 2 is served twice as
     often as one of weight 1 (the default) while both have jobs queued (docs/scheduling.md#fair-shares)."""
+    # TENURE_TENANT_BUDGETS (control/tenant_budgets.py): tenants refused new jobs while over their usage budget.
+    tenant_budgets: Mapping[str, TenantBudget] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,6 +192,7 @@ class JobRequest:
     multitask: str | None = None
     """What to do when the concurrency key is busy (`MULTITASK`); None: the agent's default."""
     mode: str | None = None
+    budget: Mapping[str, float] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,9 +270,13 @@ class Admission:
         if req.idempotency_key is not None:
             check(KEY, req.idempotency_key, "idempotency_key")
             digest = idem_digest(req.tenant, req.idempotency_key)
+        budget = None if fields.budget is None else fields.budget.model_dump(exclude_none=True) or None
         defining: list[Any] = [spec.name, input_json, priority, sorted(requires), deadline_s, max_attempts]
-        if fields.concurrency_key is not None:  # appended only when set: earlier fingerprints stay valid
+        # Appended only when set: earlier fingerprints stay valid.
+        if fields.concurrency_key is not None:
             defining += [fields.concurrency_key, fields.multitask or spec.multitask]
+        if budget:
+            defining.append(budget)
         fingerprint = hashlib.sha256(json.dumps(defining).encode()).digest()
         mode_requested, mode_effective, degraded = self._mode(spec, fields.mode)
         return NewJob(
@@ -291,6 +299,7 @@ class Admission:
             mode_effective=mode_effective,
             degraded_reason=degraded,
             fair_step=1.0 / dict(self.limits.tenant_weights).get(req.tenant, 1.0),
+            budget_json=None if budget is None else json.dumps(budget),
         )
 
     def _mode(self, spec: AgentSpec, asked: str | None) -> tuple[str | None, str | None, str | None]:
@@ -307,6 +316,14 @@ class Admission:
         if not enabled:
             raise InvalidRequest(f"mode {mode!r} of agent {spec.name!r} and every mode after it are disabled")
         return mode, enabled[0], None if enabled[0] == mode else "mode_disabled"
+
+    def input_of(self, value: Any) -> str:
+        """A job input as the store holds it, held to the rules of admission (JSON every store takes, the size
+        limit): for a requeue with an edited input."""
+        input_json, size = _input_json(value)
+        if size > self.limits.max_input_bytes:
+            raise InputTooLarge(f"input is {size} bytes of JSON; the limit is {self.limits.max_input_bytes} bytes")
+        return input_json
 
     async def admit(self, req: JobRequest) -> Admitted:
         """Admit one job: build → same-process dedupe of its key → gate → enqueue → hint. The answer is the job as
@@ -325,6 +342,8 @@ class Admission:
         demand: dict[tuple[str, str], int] = {}
         for j in jobs:
             demand[(j.tenant, j.agent)] = demand.get((j.tenant, j.agent), 0) + 1
+        if self.limits.tenant_budgets:
+            await check_tenant_budgets(self.store, self.limits.tenant_budgets, [j.tenant for j in jobs])
         await self.gate.check(demand)
         jobs, out = await self.router.enqueue(jobs)
         self._count_degraded([j for j, e in zip(jobs, out, strict=True) if e.created])
@@ -333,6 +352,8 @@ class Admission:
 
     async def _admit(self, job: NewJob) -> Admitted:
         try:
+            if self.limits.tenant_budgets:
+                await check_tenant_budgets(self.store, self.limits.tenant_budgets, [job.tenant])
             await self.gate.check({(job.tenant, job.agent): 1})
             (job,), (out,) = await self.router.enqueue([job])
         except (QueueFull, CircuitOpen):
@@ -443,6 +464,7 @@ def _spec_fields(req: JobRequest) -> dict[str, Any]:
         "priority": req.priority,
         "requires": requires,
         "deadline_s": req.deadline_s,
+        "budget": None if req.budget is None else dict(req.budget),
         "max_attempts": req.max_attempts,
         "concurrency_key": req.concurrency_key,
         "multitask": req.multitask,

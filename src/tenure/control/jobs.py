@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from tenure.contracts.errors import NotFound
@@ -19,7 +19,7 @@ from tenure.contracts.store import Store
 from tenure.contracts.text import dumps
 from tenure.contracts.types import ControlOutcome, Event, Job, JobFilter, WorkerInfo, is_uuid
 from tenure.control.admission import Admission, Admitted, JobRequest
-from tenure.control.models import ApprovalBody, InputBody, shown, validated
+from tenure.control.models import ApprovalBody, InputBody, RequeueBody, shown, validated
 
 AHEAD_BOUND = 10_000
 """How far `waiting_reason` counts the jobs ahead of a queued one (the count reads the head of the ready index)."""
@@ -131,12 +131,19 @@ class JobsService:
         approval = validated(ApprovalBody, body)
         return await self._send(job_id, tenant, "approve", approval.model_dump())
 
-    async def requeue(self, job_id: str, tenant: str | None = None) -> Job:
-        """Put a dead, failed, lost, expired or cancelled job back in the queue (an operator's command)."""
+    async def requeue(self, job_id: str, tenant: str | None = None, body: Any = None) -> Job:
+        """Put a dead, failed, lost, expired or cancelled job back in the queue (an operator's command). `body`:
+        `{"input": ...}` replaces the job's input (validated as at admission; the edit is in the job's audit),
+        `{}` or None keeps it."""
+        edited = None
+        if body is not None:
+            requeue = validated(RequeueBody, body)
+            if "input" in requeue.model_fields_set:
+                edited = self.admission.input_of(requeue.input)
         jid = job_id_of(job_id)
         if jid is None:
             raise NotFound(f"no job {shown(job_id)} (job ids are UUIDs)")
-        return await self.store.requeue(jid, tenant)
+        return await self.store.requeue(jid, tenant, edited)
 
     async def _send(self, job_id: str, tenant: str | None, kind: str, payload: Any) -> ControlOutcome:
         jid = job_id_of(job_id)
@@ -179,8 +186,10 @@ class JobsClient(Protocol):
         requires: Sequence[str] = (),
         deadline_s: float | None = None,
         max_attempts: int | None = None,
+        budget: Mapping[str, float] | None = None,
     ) -> Admitted:
-        """Admit one job: the job as admitted, and whether it is new (False: a replayed idempotency key)."""
+        """Admit one job: the job as admitted, and whether it is new (False: a replayed idempotency key).
+        `budget`: limits of the job (`tool_calls`, `tokens`, `cost`, `wall_s`; docs/budgets.md)."""
         ...
 
     async def job(self, job_id: JobRef) -> Job:

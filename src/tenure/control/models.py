@@ -63,6 +63,27 @@ Priority = Annotated[int, Field(ge=0, le=MAX_PRIORITY), BeforeValidator(_integra
 Attempts = Annotated[int, Field(ge=1, le=MAX_ATTEMPTS), BeforeValidator(_integral)]
 
 
+_Positive = Annotated[int, Field(gt=0, le=10**12)] | Annotated[float, Field(gt=0, le=1e12)]
+
+
+class Budget(BaseModel):
+    """Limits of one job across all its attempts (docs/budgets.md); reaching one ends the job `failed` with code
+    `budget_exhausted`. Every limit is optional; a budget without any is no budget."""
+
+    model_config = _STRICT
+
+    tool_calls: Annotated[
+        Annotated[int, Field(ge=1, le=10**9), BeforeValidator(_integral)] | None,
+        Field(description="the most tool calls (ctx.tool_call) the job may make"),
+    ] = None
+    tokens: Annotated[
+        Annotated[int, Field(ge=1, le=10**12), BeforeValidator(_integral)] | None,
+        Field(description="the most input + output tokens (ctx.usage) the job may use"),
+    ] = None
+    cost: Annotated[_Positive | None, Field(description="the most cost_usd (ctx.usage) the job may spend")] = None
+    wall_s: Annotated[_Positive | None, Field(description="the most seconds the job's executions may run, in all")] = None
+
+
 class JobSpec(BaseModel):
     """What a client asks for when it submits a job (the `JobSpec` schema of the OpenAPI document). Only `agent`
     is required."""
@@ -92,6 +113,7 @@ class JobSpec(BaseModel):
         Field(description="one of enqueue, reject, interrupt, drop_queued"),
     ] = None
     mode: Annotated[str | None, Field(min_length=1, max_length=64, description="a mode the agent declares")] = None
+    budget: Annotated[Budget | None, Field(description="limits: tool_calls, tokens, cost, wall_s (docs/budgets.md)")] = None
 
 
 class SubmitFrame(JobSpec):
@@ -111,6 +133,15 @@ class InputBody(BaseModel):
     model_config = _STRICT
 
     input: Annotated[Any, Field(description="any JSON value")]
+
+
+class RequeueBody(BaseModel):
+    """The body of `POST /v1/jobs/{id}/requeue` (optional): `input` replaces the job's input (`null` included);
+    without it the job runs again with its input as it was."""
+
+    model_config = _STRICT
+
+    input: Annotated[Any, Field(description="any JSON value: the job's new input")] = None
 
 
 class ApprovalBody(BaseModel):

@@ -8,9 +8,12 @@ boundary, `execution.started`:
 * a worker that **claimed but never started** a job is killed: the claim expires unrenewed, the sweeper
   releases it and another worker claims it again with a higher epoch (nothing had run, so running it is safe);
 * a worker that **started** a job (and already made its side effect) is killed: the job becomes `lost`, and is
-  never silently run a second time (the side-effect counter stays at 1).
+  never silently run a second time (the side-effect counter stays at 1);
+* unless its agent is retry-safe with its effects journaled (4b, `_journal_step.py`): then it is requeued, and
+  the next attempt skips its done steps and is told of the one the kill interrupted.
 
-Everything runs on one temporary SQLite file and three real `tenure worker` processes; no other service.
+Everything runs on one temporary SQLite file and three real `tenure worker` processes (a fourth replaces the one
+killed in 4b); no other service.
 Worker 3 runs with the fault-injection hook `TENURE_FAULTS=after_claim=sleep:60` so that the window between
 claim and start, normally a few milliseconds, lasts long enough to be seen (and killed in).
 
@@ -40,6 +43,7 @@ import tenure
 from tenure.contracts.states import JobState
 from tenure.contracts.types import Event, Job
 from tenure.control.admission import JobRequest
+from tenure.demos._journal_step import step_journaled
 from tenure.demos._stage import (
     APP,
     BUSY_S,
@@ -93,6 +97,7 @@ class Demo(Stage):
                 await self.step_reclaim(parked)
                 await self.step_lost()
                 await self.until(f"{long.label} to finish", lambda: self.terminal(long), STEP_TIMEOUT_S)
+                await step_journaled(self, len(self.workers) + 1)
                 await self.final_table()
                 await self.check_final()
                 self.section("5. shutdown")

@@ -6,6 +6,7 @@ stream              emit `count` events as fast as possible          {"count": 1
 flaky               fail the first N attempts, then succeed          {"fail_times": 2}
 blocking            sync I/O through ctx.to_thread                   {"seconds": 0.2}
 crash_after_effect  increment a counter file, then sleep (crash tests) {"counter": "/tmp/c", "seconds": 30}
+journaled_steps     retry-safe: three journaled steps appending to a file, the second slow  {"path": "/tmp/j"}
 converse            echo each input sent to the job until "bye"      (POST /v1/jobs/{id}/input)
 publish             ask for an approval, then publish or not         (POST /v1/jobs/{id}/approve)
 hang                sleep past its 0.5 s timeout (the circuit breaker counts the timeouts)
@@ -22,7 +23,7 @@ import os
 import time
 from typing import Any
 
-from tenure.contracts.errors import RetryableError
+from tenure.contracts.errors import RetryableError, StepUnknown
 from tenure.kernel.context import Context
 from tenure.kernel.registry import Tenure
 
@@ -105,6 +106,42 @@ async def crash_after_effect(ctx: Context, input: Any) -> dict[str, Any]:
     await ctx.emit("effect", {"counter": value})
     await asyncio.sleep(float(_arg(input, "seconds", 30.0)))
     return {"counter": value}
+
+
+def _append_line(path: str, line: str, then_sleep_s: float = 0.0) -> str:
+    with open(path, "a") as f:
+        f.write(line + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    time.sleep(then_sleep_s)
+    return line
+
+
+@app.agent("journaled_steps", max_attempts=3, retry_safe=True)
+async def journaled_steps(ctx: Context, input: Any) -> dict[str, Any]:
+    """Three journaled steps (`ctx.step`), each appending a line to the file `path`; the second sleeps `seconds`
+    after its append on the first attempt (kill the worker then). Retry-safe: a lost run is requeued, a later
+    attempt skips the steps recorded done, and is told (`StepUnknown`) of the one begun and never ended; it
+    looks at the file, appends the line only if it is missing, and resolves the step."""
+    path = str(_arg(input, "path", "/tmp/tenure-journal"))
+    await ctx.step("fetch", _append_line, path, "fetch")
+    await ctx.emit("step", {"done": "fetch", "attempt": ctx.attempt})
+    try:
+        await ctx.emit("step", {"begins": "publish", "attempt": ctx.attempt})
+        await ctx.step("publish", _append_line, path, "publish", float(_arg(input, "seconds", 30.0)))
+    except StepUnknown as exc:
+        lines = (await ctx.to_thread(_read_text, path)).split()
+        await ctx.emit("step.unknown", {"key": exc.key, "effect_found": "publish" in lines})
+        if "publish" not in lines:
+            await ctx.to_thread(_append_line, path, "publish")
+        await ctx.resolve_step(exc.key, "publish")
+    await ctx.step("notify", _append_line, path, "notify")
+    return {"lines": (await ctx.to_thread(_read_text, path)).split()}
+
+
+def _read_text(path: str) -> str:
+    with open(path) as f:
+        return f.read()
 
 
 @app.agent("converse", timeout=3600)

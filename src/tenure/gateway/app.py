@@ -37,6 +37,7 @@ from tenure.contracts.store import Backends
 from tenure.contracts.text import dumps
 from tenure.contracts.types import AgentSpec, ControlOutcome, Job, JobFilter, is_uuid
 from tenure.control.admission import ENVELOPE_DEPTH, Admission, AdmissionLimits, parse_json
+from tenure.control.audit import AUDIT_CURSOR, DEFAULT_PAGE, MAX_PAGE, job_audit, usage_report
 from tenure.control.gate import GateConfig
 from tenure.control.jobs import MAX_WAIT_S, JobsService
 from tenure.control.models import JobSpec, shown, validated
@@ -130,6 +131,9 @@ class Gateway:
             Route("/v1/jobs/{job_id}/input", self.send_input, methods=["POST"]),
             Route("/v1/jobs/{job_id}/approve", self.approve, methods=["POST"]),
             Route("/v1/jobs/{job_id}/events", self.events, methods=["GET"]),
+            Route("/v1/jobs/{job_id}/audit", self.audit, methods=["GET"]),
+            Route("/v1/jobs/{job_id}/requeue", self.requeue, methods=["POST"]),
+            Route("/v1/usage", self.usage, methods=["GET"]),
             Route("/v1/workers", self.workers, methods=["GET"]),
             Route("/healthz", self.healthz, methods=["GET"]),
             Route("/readyz", self.readyz, methods=["GET"]),
@@ -265,6 +269,31 @@ class Gateway:
         job = await self.load_job(request.path_params["job_id"], who)
         return JSONResponse(_job_view(job) | {"waiting_reason": await self.jobs.waiting_reason(job)})
 
+    async def audit(self, request: Request) -> Response:
+        """GET /v1/jobs/{id}/audit: the job's executions, tool calls, evidence, usage and journal (docs/audit.md)."""
+        who = self._principal(request)
+        limit = int_param(request, "limit", DEFAULT_PAGE, 1, MAX_PAGE)
+        job_id, cursor = parse_job_id(request.path_params["job_id"]), request.query_params.get("cursor")
+        if cursor and not AUDIT_CURSOR.match(cursor):
+            raise Problem(400, "Bad cursor", "cursor is the next_cursor of the previous page (EPOCH.SEQ)", "bad-cursor")
+        return JSONResponse(await job_audit(self.jobs, job_id, who.tenant, cursor, limit))
+
+    async def requeue(self, request: Request) -> Response:
+        """POST /v1/jobs/{id}/requeue: a finished, unsuccessful job back in the queue, its input edited if the
+        body has `input` (docs/http-api.md)."""
+        who = self._principal(request)
+        body = await self._body(request) if request.headers.get("content-length", "0") != "0" else None
+        job = await self.jobs.requeue(parse_job_id(request.path_params["job_id"]), who.tenant, body)
+        return JSONResponse(_job_view(job))
+
+    async def usage(self, request: Request) -> Response:
+        """GET /v1/usage?from=&to=&group_by=: the caller's usage records summed per tenant, agent or model."""
+        who = self._principal(request)
+        q = request.query_params
+        bounds = [_epoch(q.get(name), name) for name in ("from", "to")]
+        report = await usage_report(self.jobs, who.tenant, bounds[0], bounds[1], q.get("group_by") or "tenant")
+        return JSONResponse(report)
+
     async def _control_response(
         self, request: Request, kind: str, send: Callable[[str, str | None], Awaitable[ControlOutcome]]
     ) -> Response:
@@ -389,6 +418,15 @@ class Gateway:
         await ws.accept()
         cfg = self.config
         await WsSession(self.jobs, self.hub, ws, who, queue=cfg.ws_queue, max_subscriptions=cfg.ws_max_subscriptions).run()
+
+
+def _epoch(text: str | None, name: str) -> float | None:
+    if not text:
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise Problem(400, "Bad parameter", f"{name} is a time in epoch seconds", "bad-parameter") from None
 
 
 def _float(text: str, name: str) -> float:

@@ -26,6 +26,7 @@ from tenure.control.models import (
     JobList,
     JobSpec,
     Problem,
+    RequeueBody,
     WorkerList,
 )
 
@@ -39,6 +40,7 @@ _MODELS: list[tuple[type[BaseModel], JsonSchemaMode]] = [
     (JobSpec, "validation"),
     (InputBody, "validation"),
     (ApprovalBody, "validation"),
+    (RequeueBody, "validation"),
     (JobList, "serialization"),
     (EventPage, "serialization"),
     (ControlAnswer, "serialization"),
@@ -201,6 +203,60 @@ def openapi_document(agents: list[str]) -> dict[str, Any]:
                         "204": {"description": "SSE only: the job is finished and nothing follows the cursor"},
                         "400": _problem("bad cursor (two integers from 0 to 2^63-1) or parameter"),
                         **_COMMON,
+                    },
+                }
+            },
+            "/v1/jobs/{job_id}/audit": {
+                "get": {
+                    "operationId": "jobAudit",
+                    "description": "The job's executions, tool calls, evidence, usage records (a page of them, in "
+                    "(epoch, seq) order), its journal steps and usage totals (docs/audit.md).",
+                    "parameters": [
+                        _JOB_ID,
+                        _query("cursor", {"type": "string", "pattern": "^[0-9]{1,10}[.][0-9]{1,10}$"}),
+                        _query("limit", {"type": "integer", "minimum": 1, "maximum": 1000}),
+                    ],
+                    "responses": {
+                        "200": {"description": "the audit", "content": {"application/json": {"schema": {"type": "object"}}}},
+                        "400": _problem("bad cursor or parameter"),
+                        **_COMMON,
+                    },
+                }
+            },
+            "/v1/jobs/{job_id}/requeue": {
+                "post": {
+                    "operationId": "requeueJob",
+                    "description": "Put a dead, failed, lost, expired or cancelled job back in the queue with fresh "
+                    "attempts; a body with `input` replaces its input (the edit is recorded in its audit).",
+                    "parameters": [_JOB_ID],
+                    "requestBody": _body("RequeueBody", required=False),
+                    "responses": {
+                        "200": _json("the job, queued again", "Job"),
+                        "400": _problem("bad JSON"),
+                        "409": _problem("the job is not finished, or it succeeded"),
+                        "422": _problem("the body or its input is refused"),
+                        **_COMMON,
+                    },
+                }
+            },
+            "/v1/usage": {
+                "get": {
+                    "operationId": "usageReport",
+                    "description": "The caller's usage records (ctx.usage) between two times, summed per tenant, "
+                    "agent or model (docs/audit.md).",
+                    "parameters": [
+                        _query("from", {"type": "number", "minimum": 0, "maximum": 1e11}),
+                        _query("to", {"type": "number", "minimum": 0, "maximum": 1e11}),
+                        _query("group_by", {"type": "string", "enum": ["tenant", "agent", "model"]}),
+                    ],
+                    "responses": {
+                        "200": {
+                            "description": "the report",
+                            "content": {"application/json": {"schema": {"type": "object"}}},
+                        },
+                        "400": _problem("bad parameter"),
+                        "401": _problem("no valid API key"),
+                        "422": _problem("bad group_by or time"),
                     },
                 }
             },

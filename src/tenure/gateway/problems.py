@@ -10,6 +10,7 @@ from starlette.responses import JSONResponse
 
 from tenure.contracts.errors import (
     IdempotencyConflict,
+    IllegalTransition,
     InputTooLarge,
     InvalidRequest,
     KeyBusy,
@@ -20,6 +21,7 @@ from tenure.contracts.errors import (
 )
 from tenure.control.admission import InvalidJSON
 from tenure.control.gate import CircuitOpen, QueueFull
+from tenure.control.tenant_budgets import TenantBudgetExhausted
 
 TYPE_BASE = "https://tenure.dev/problems/"
 
@@ -79,6 +81,12 @@ def from_error(exc: TenureError) -> Problem:
         return Problem(422, "Invalid request", str(exc), "invalid-request")
     if isinstance(exc, NotFound):
         return Problem(404, "Not found", str(exc), "not-found")
+    if isinstance(exc, IllegalTransition):
+        return Problem(409, "Illegal transition", str(exc), "illegal-transition")
+    if isinstance(exc, TenantBudgetExhausted):
+        p = Problem(429, "Tenant budget exhausted", str(exc), "tenant-budget-exhausted")
+        p.headers["Retry-After"] = str(exc.retry_after_s)
+        return p
     if isinstance(exc, QueueFull):
         p = Problem(429, "Too many queued jobs", str(exc), "queue-full")
         p.headers["Retry-After"] = str(exc.retry_after_s)

@@ -10,11 +10,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol, TypeVar
 
 from tenure.contracts.text import clean_text, dumps
+from tenure.kernel.audit import JournalPort, ToolCall, check_name
 
 T = TypeVar("T")
 
@@ -42,8 +43,13 @@ class ExecutionPort(Protocol):
         """Run a CPU-bound callable in the worker's process pool."""
         ...
 
-    def record_usage(self, counts: dict[str, float]) -> None:
-        """Add token / cost counters to this execution's usage record."""
+    def record_usage(self, counts: dict[str, float], model: str | None = None) -> None:
+        """Add token / cost counters to this execution's usage record, and queue one usage record for its audit."""
+        ...
+
+    @property
+    def journal(self) -> JournalPort:
+        """The audit chain and the effect journal of this execution (docs/audit.md, docs/journal.md)."""
         ...
 
     def record_external(self, kind: str, seconds: float) -> None:
@@ -68,7 +74,8 @@ class ExecutionPort(Protocol):
 
 
 class Context:
-    """Handed to every handler: `await ctx.emit(...)`, `await ctx.to_thread(...)`, `ctx.usage(...)`."""
+    """Handed to every handler: `await ctx.emit(...)`, `await ctx.to_thread(...)`, `ctx.usage(...)`,
+    `ctx.tool_call(...)`, `await ctx.evidence(...)`, `await ctx.step(...)`."""
 
     __slots__ = ("_port", "agent", "attempt", "epoch", "execution_id", "job_id", "log", "mode", "tenant", "worker_id")
 
@@ -139,9 +146,44 @@ class Context:
         finally:
             self._port.record_external(kind, time.monotonic() - began)
 
-    def usage(self, **counts: float) -> None:
-        """Record usage (e.g. input_tokens=812, output_tokens=95, cost_usd=0.01) on this execution."""
-        self._port.record_usage(counts)
+    def usage(self, model: str | None = None, **counts: float) -> None:
+        """Record usage (e.g. `ctx.usage(model="gpt-4o", input_tokens=812, output_tokens=95)`) on this execution.
+
+        Each call adds to the execution's usage totals and queues one usage record for the job's audit (written
+        with the next batch of events, no round trip of its own). `cost_usd` is computed from `TENURE_PRICES`
+        when the model has a price there and the counts carry no `cost_usd` of their own (docs/audit.md)."""
+        self._port.record_usage(counts, None if model is None else check_name(model, "a model name"))
+
+    # -- the audit chain (docs/audit.md) -----------------------------------------------------------------------------
+    def tool_call(self, name: str, args: Any = None) -> ToolCall:
+        """Record one tool call in the job's audit:
+
+            async with ctx.tool_call("search", {"q": q}) as call:
+                call.result(await search(q))
+
+        One record when the block ends (name, arguments, result or error, start, end, duration), written with
+        the execution's events; an exception inside is recorded as the error and re-raised."""
+        return ToolCall(self._port.journal, name, args)
+
+    async def evidence(self, kind: str, content: Any) -> None:
+        """Keep an intermediate output or the final report in the job's audit, under `kind` ("source",
+        "report", ...). Returns once it is durable; raises `OwnershipLost` if the job is no longer ours."""
+        await self._port.journal.audit("evidence", check_name(kind, "an evidence kind"), dumps(content), None, None, True)
+
+    # -- the effect journal (docs/journal.md) ------------------------------------------------------------------------
+    async def step(self, key: str, fn: Callable[..., Awaitable[T]] | Callable[..., T], *args: Any) -> T:
+        """Run `fn(*args)` at most once for this job and `key`; its JSON result is stored before `step` returns,
+        and a later attempt of the job gets the stored result without running `fn` (a plain function runs
+        through the blocking adapter). A step an earlier attempt began and never ended raises `StepUnknown`:
+        look at the effect and record what you decided with `resolve_step`. If `fn` raises, nothing is recorded
+        and the error goes on (a later call runs it again)."""
+        result: T = await self._port.journal.step(check_name(key, "a step key"), fn, args)
+        return result
+
+    async def resolve_step(self, key: str, result: Any = None) -> None:
+        """Record `result` for the step `key` that an earlier attempt began and never ended (after `StepUnknown`):
+        later attempts get it from `step` as if the step had returned it."""
+        await self._port.journal.resolve_step(check_name(key, "a step key"), dumps(result))
 
     # -- pause and resume: human input and approval ---------------------------------------------------------------
     async def next_input(self) -> Any:

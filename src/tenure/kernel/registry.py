@@ -70,7 +70,9 @@ class Tenure:
 
         `requires`: capability tags a worker must have to run it. `timeout`: seconds before an execution is
         stopped and counted as a retryable failure. `max_attempts`: executions before the job is dead.
-        `retry_safe`: a run lost mid-way may be started again (its effects are idempotent or journaled).
+        `retry_safe`: a run lost mid-way (its owner stopped heartbeating) is requeued as a new attempt, counted
+        against `max_attempts`, instead of ending `lost`: declare it when its effects are idempotent or journaled
+        with `ctx.step` (the new attempt gets completed steps' results without running them; docs/journal.md).
         `worker_quota`: a configured global quota (e.g. "gpu-pool") of which a worker must hold a slot before
         it claims a job of this agent; the slot is held for the whole execution (docs/quotas.md).
         `key_limit`: how many jobs of one concurrency key run at once; `multitask`: what a job of a busy key does

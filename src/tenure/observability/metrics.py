@@ -119,6 +119,26 @@ RETRIES = Counter("tenure_retries_total", "Executions that failed and were sched
 JOBS_DEAD = Counter("tenure_jobs_dead_total", "Jobs dead after their last attempt", ["agent"])
 JOBS_LOST = Counter("tenure_jobs_lost_total", "Running jobs whose owner stopped renewing its claim (marked by the sweeper)")
 JOBS = Gauge("tenure_jobs", "Jobs in the store by state", ["state"], multiprocess_mode="livemax")
+STORE_XMIN_AGE = Gauge(
+    "tenure_store_oldest_xmin_age_seconds",
+    "Age of the oldest transaction holding back vacuum (PostgreSQL's xmin horizon; 0 when none)",
+    multiprocess_mode="livemax",
+)
+STORE_DEAD_TUPLES = Gauge(
+    "tenure_store_dead_tuples",
+    "Dead rows of a Tenure table (estimate)",
+    ["table"],
+    multiprocess_mode="livemax",
+)
+STORE_LIVE_TUPLES = Gauge(
+    "tenure_store_live_tuples",
+    "Live rows of a Tenure table (estimate)",
+    ["table"],
+    multiprocess_mode="livemax",
+)
+STORE_TABLE_BYTES = Gauge(
+    "tenure_store_table_bytes", "Bytes on disk of a Tenure table with its indexes", ["table"], multiprocess_mode="livemax"
+)
 QUEUE_DEPTH = Gauge(
     "tenure_queue_depth",
     "Queued jobs counted in the shared store (scope: global or a tenant)",

@@ -1,6 +1,7 @@
 """The completer: every write an execution makes after its start goes through it, in batches.
 
     append(event)      queue a fenced event append (an execution's `ctx.emit`)
+    record(record)     queue a fenced audit record (a tool call, evidence, usage): written with the events
     flush()            a future done once everything appended before it is durable
     finish(finish)     queue a finish CAS; a future that answers whether it matched
     claim_and_start()  the claim loop's one-step claim, which may carry the pending finishes
@@ -21,6 +22,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Iterable, Sequence
 
+from tenure.contracts.audit import AuditRecord
 from tenure.contracts.errors import StoreUnavailable
 from tenure.contracts.store import Store
 from tenure.contracts.types import Claim, Finish, NewEvent, Started
@@ -54,6 +56,7 @@ class Completer:
         self._worker_id = worker_id
         self._on_rejected = on_rejected
         self._events: list[NewEvent] = []
+        self._records: list[AuditRecord] = []
         self._flushes: list[asyncio.Future[None]] = []
         self._finishes: _Pending = []
         self._events_in_flight = False  # an append_events round trip is out: no finish may overtake it
@@ -62,6 +65,10 @@ class Completer:
 
     def append(self, event: NewEvent) -> None:
         self._events.append(event)
+        self._wake.set()
+
+    def record(self, record: AuditRecord) -> None:
+        self._records.append(record)
         self._wake.set()
 
     def flush(self) -> asyncio.Future[None]:
@@ -77,7 +84,7 @@ class Completer:
         return fut
 
     def idle(self) -> bool:
-        return not (self._events or self._flushes or self._finishes)
+        return not (self._events or self._records or self._flushes or self._finishes)
 
     async def claim_and_start(
         self, agents: Sequence[str], capabilities: Sequence[str], limit: int, ttl_s: float
@@ -101,7 +108,7 @@ class Completer:
         return pairs
 
     def _take_finishes(self) -> _Pending:
-        if self._events or self._events_in_flight or self._flushes or self._closing or not self._finishes:
+        if self._events or self._records or self._events_in_flight or self._flushes or self._closing or not self._finishes:
             return []
         taken, self._finishes = self._finishes, []
         return taken
@@ -126,13 +133,15 @@ class Completer:
                 # With no other job running there is nothing to wait for: an idle worker writes at once, so its
                 # commit does not land on the pickup of the next job.
                 await asyncio.sleep(self._linger_s)
-            events, flushes, finishes = self._events, self._flushes, self._finishes
-            self._events, self._flushes, self._finishes = [], [], []
+            events, records, flushes, finishes = self._events, self._records, self._flushes, self._finishes
+            self._events, self._records, self._flushes, self._finishes = [], [], [], []
             try:
-                if events:
+                if events or records:
                     self._events_in_flight = True
                     try:
-                        for job_id in await self._store.append_events(events):
+                        # Audit records ride with the events (one round trip); without any, the plain append.
+                        append = self._store.append_audit(records, events) if records else self._store.append_events(events)
+                        for job_id in await append:
                             self._on_rejected(job_id)
                     finally:
                         self._events_in_flight = False
@@ -151,6 +160,7 @@ class Completer:
                 else:
                     log.exception("writing events and finishes failed, retrying in %.2fs", retry_delay)
                 self._events[:0], self._flushes[:0], self._finishes[:0] = events, flushes, finishes
+                self._records[:0] = records
                 await asyncio.sleep(retry_delay)
                 retry_delay = min(retry_delay * 2, 2.0)
 

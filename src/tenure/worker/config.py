@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
+from tenure.contracts.audit import Price
 from tenure.contracts.errors import ConfigError
 
 CLAIM_MODES = ("one_step", "two_step")
@@ -42,6 +44,12 @@ class WorkerConfig:
     # A stopped handler (ownership lost, cancelled, timed out, drained) gets this long to end before it is
     # abandoned: it keeps its slot until it does end (fail closed), and its execution writes nothing more.
     cancel_grace_s: float = 5.0
+    # USD per 1,000 input / output tokens by model (TENURE_PRICES): `ctx.usage(model=...)` adds its cost_usd.
+    prices: Mapping[str, Price] = field(default_factory=dict)
+    # Retention (TENURE_RETENTION_DAYS): the sweeper duty deletes jobs finished longer ago, with their history, a
+    # batch of `retention_batch` per sweep (docs/retention.md).
+    retention_days: float = 30.0
+    retention_batch: int = 100
 
     def __post_init__(self) -> None:
         # The one copy of the rule (settings.py builds this section): a heartbeat that is late once (a busy loop,

@@ -3,8 +3,10 @@
 sweeper  only while holding the `duty:sweeper` lease (model: River's `internal/maintenance/job_rescuer`):
          release expired pre-start claims, mark lost (or requeue retry-safe) running jobs whose owner
          stopped heartbeating, expire queued jobs past their deadline, move due retries to the queue, mark
-         silent workers gone; hint what became claimable to the ready index; and, as the one process that
-         does it, export the registry and the live job counts (`tenure_workers`, `tenure_jobs`).
+         silent workers gone; delete one batch of jobs finished over TENURE_RETENTION_DAYS ago with their
+         history (docs/retention.md); hint what became claimable to the ready index; and, as the one process that
+         does it, export the registry, the live job counts and the store's health (`tenure_workers`,
+         `tenure_jobs`, `tenure_store_*`: docs/operations.md).
 """
 
 from __future__ import annotations
@@ -40,12 +42,19 @@ class SweeperDuty:
         self._obs = observer
         self._index = ready_index
         self._exported_at = 0.0
+        self._holding = False
 
     async def run(self) -> None:
         cfg = self._config
         while True:
             try:
-                if self._duty is not None and await self._duty.acquire(SWEEPER_DUTY, self._worker_id, 1, cfg.claim_ttl_s):
+                holding = self._duty is not None and await self._duty.acquire(
+                    SWEEPER_DUTY, self._worker_id, 1, cfg.claim_ttl_s
+                )
+                if self._holding and not holding:
+                    self._obs.health_forgotten()  # the new holder says it now; max() across processes is theirs
+                self._holding = holding
+                if holding:
                     await self.sweep_once()
             except StoreUnavailable as exc:
                 log.warning("sweep failed: %s", exc)
@@ -53,6 +62,10 @@ class SweeperDuty:
 
     async def sweep_once(self) -> None:
         report = await self._store.sweep(self._config.worker_ttl_s)
+        # Retention (docs/retention.md): one bounded batch per sweep; a pass with nothing old writes nothing.
+        purged = await self._store.purge_finished(self._config.retention_days * 86400.0, self._config.retention_batch)
+        if purged:
+            log.info("retention: deleted %d jobs finished over %g days ago", len(purged), self._config.retention_days)
         await hint_ready(self._index, self._store, report.released + report.requeued + report.due)
         if report.total():
             log.info("sweep: %s", {k: len(v) for k, v in report.as_dict().items() if v})
@@ -62,6 +75,7 @@ class SweeperDuty:
             self._exported_at = now
             self._obs.registry_seen(await self._store.list_workers(include_gone=False))
             self._obs.jobs_seen(await self._store.count_live_jobs())
+            self._obs.health_seen(await self._store.health())
 
     async def leave(self) -> None:
         """Give the duty up at shutdown, so another worker takes it at once rather than after its TTL."""

@@ -44,6 +44,7 @@ from tenure.kernel.blocking import BlockingAdapter, ProcessAdapter
 from tenure.kernel.context import Context
 from tenure.kernel.registry import Agent
 from tenure.observability.logs import bind_log_context
+from tenure.worker.audit import ExecutionAudit
 from tenure.worker.completer import Completer
 from tenure.worker.config import WorkerConfig
 from tenure.worker.faults import Faults
@@ -163,6 +164,7 @@ class Execution:
         self.command_seq = 0  # the last command read from the store
         self.commands: list[Command] = []  # read, not yet consumed (another kind than the one awaited)
         self.commands_ready = asyncio.Event()  # set by the control loop when a new command is persisted
+        self.journal = ExecutionAudit(self, env.config.prices)  # ctx.tool_call / evidence / usage / step
         self.quotas: ExecutionQuotas | None = (
             ExecutionQuotas(env.quotas, self.execution_id) if env.quotas is not None else None
         )
@@ -408,11 +410,11 @@ class Execution:
     async def to_process(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
         return await self.env.process_adapter().run(fn, *args, **kwargs)
 
-    def record_usage(self, counts: dict[str, float]) -> None:
+    def record_usage(self, counts: dict[str, float], model: str | None = None) -> None:
         for k, v in counts.items():
             if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
                 raise ValueError(f"usage counts are finite numbers, not {k}={v!r}")
-        for k, v in counts.items():
+        for k, v in self.journal.usage(counts, model).items():
             self.usage[k] = self.usage.get(k, 0) + v
 
     def record_external(self, kind: str, seconds: float) -> None:

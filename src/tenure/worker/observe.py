@@ -23,7 +23,7 @@ import time
 from collections.abc import Mapping, Sequence
 
 from tenure.contracts.states import JobState, WorkerState
-from tenure.contracts.types import Claim, JobCounts, Started, SweepReport, WorkerInfo
+from tenure.contracts.types import Claim, JobCounts, Started, StoreHealth, SweepReport, WorkerInfo
 from tenure.kernel.blocking import BlockingAdapter, ProcessAdapter
 from tenure.kernel.lag import LagSampler
 from tenure.observability import metrics as m
@@ -70,6 +70,7 @@ class WorkerObserver:
         self._started_mono: dict[str, float] = {}
         self._shown_state: WorkerState | None = None
         self._tenants_seen: set[str] = set()
+        self._health_tables: set[str] = set()
         self._lost_workers: collections.deque[float] = collections.deque()
         self._quota_rejections_seen: dict[tuple[str, str], int] = {}
         self._quota_fail_open_seen: dict[str, int] = {}
@@ -328,6 +329,27 @@ class WorkerObserver:
         for tenant, n in counts.ready_by_tenant.items():
             m.QUEUE_DEPTH.labels(tenant).set(n)
         self._tenants_seen |= set(counts.ready_by_tenant)
+
+    def health_seen(self, health: StoreHealth) -> None:
+        """Export what holds the store back (sweeper holder only): `tenure_store_oldest_xmin_age_seconds` and, per
+        table, `tenure_store_dead_tuples`, `tenure_store_live_tuples`, `tenure_store_table_bytes`."""
+        if health.oldest_xmin_age_s is not None:
+            m.STORE_XMIN_AGE.set(health.oldest_xmin_age_s)
+        for table, n in health.dead_tuples.items():
+            m.STORE_DEAD_TUPLES.labels(table).set(n)
+        for table, n in health.live_tuples.items():
+            m.STORE_LIVE_TUPLES.labels(table).set(n)
+        for table, n in health.table_bytes.items():
+            m.STORE_TABLE_BYTES.labels(table).set(n)
+        self._health_tables |= set(health.table_bytes)
+
+    def health_forgotten(self) -> None:
+        """This process lost the sweeper duty: zero what it exported in `health_seen`, so a stale age from the
+        former holder cannot keep an alert (on the max across processes) firing."""
+        m.STORE_XMIN_AGE.set(0)
+        for table in self._health_tables:
+            for gauge in (m.STORE_DEAD_TUPLES, m.STORE_LIVE_TUPLES, m.STORE_TABLE_BYTES):
+                gauge.labels(table).set(0)
 
     def registry_seen(self, workers: Sequence[WorkerInfo]) -> None:
         """Export `tenure_workers{state}` (sweeper holder only, so one process says it): live workers by

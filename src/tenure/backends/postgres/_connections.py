@@ -86,8 +86,10 @@ class DedicatedConnection:
         setup: Callable[[asyncpg.Connection], Awaitable[None]] | None = None,
         min_delay_s: float = 0.1,
         max_delay_s: float = 5.0,
+        command_timeout_s: float | None = None,
     ) -> None:
         self.kind = kind
+        self._command_timeout_s = command_timeout_s
         self._dsn = dsn
         self._settings = dict(server_settings or {}) | {"application_name": f"tenure-{kind}"}
         self._setup = setup
@@ -119,7 +121,12 @@ class DedicatedConnection:
         first = self._conn is None and self.reconnects == 0 and self._delay_s == 0.0
         try:
             with translate(f"connect ({self.kind})"):
-                conn = await asyncpg.connect(self._dsn, timeout=CONNECT_TIMEOUT_S, server_settings=self._settings)
+                conn = await asyncpg.connect(
+                    self._dsn,
+                    timeout=CONNECT_TIMEOUT_S,
+                    command_timeout=self._command_timeout_s,
+                    server_settings=self._settings,
+                )
                 try:
                     if self._setup is not None:
                         await self._setup(conn)
@@ -174,12 +181,23 @@ class StoreConnections:
     `pg_temp` on the claim connection by `claim_setup`, see queries.sql) turns `synchronous_commit` on for its own
     transaction. Open with `await StoreConnections.open(...)`; `close` ends both."""
 
-    def __init__(self, url: str, pool: asyncpg.Pool, settings: Mapping[str, str], claim_setup: str) -> None:
+    def __init__(
+        self,
+        url: str,
+        pool: asyncpg.Pool,
+        settings: Mapping[str, str],
+        claim_setup: str,
+        command_timeout_s: float | None = None,
+    ) -> None:
         self.pool = pool
         self._claim_setup = claim_setup
         # A connection outside the pool, re-opened with backoff after a loss (see DedicatedConnection).
         self._claim = DedicatedConnection(
-            "claim", dsn(url), server_settings={**settings, "synchronous_commit": "off"}, setup=self._setup_claim
+            "claim",
+            dsn(url),
+            server_settings={**settings, "synchronous_commit": "off"},
+            setup=self._setup_claim,
+            command_timeout_s=command_timeout_s,
         )
         self.claim_function = True
         """Whether each claim connection creates the session-local claim-and-start function (it cannot without
@@ -188,8 +206,17 @@ class StoreConnections:
         self._closed = False
 
     @classmethod
-    async def open(cls, url: str, pool_size: int, settings: Mapping[str, str], claim_setup: str) -> StoreConnections:
-        """Open the pool and the claim connection, with `settings` for every session."""
+    async def open(
+        cls,
+        url: str,
+        pool_size: int,
+        settings: Mapping[str, str],
+        claim_setup: str,
+        command_timeout_s: float | None = None,
+    ) -> StoreConnections:
+        """Open the pool and the claim connection, with `settings` for every session. `command_timeout_s` bounds
+        every statement on them at the client (None: unbounded): a reply that never comes — a silent network, a
+        statement queued behind a lock — raises `StoreUnavailable` after it and the connection is replaced."""
         with translate("connect"):
             pool = await asyncpg.create_pool(
                 dsn(url),
@@ -197,9 +224,10 @@ class StoreConnections:
                 max_size=pool_size,
                 reset=_keep_session,
                 timeout=CONNECT_TIMEOUT_S,
+                command_timeout=command_timeout_s,
                 server_settings={**settings, "application_name": "tenure-pool"},
             )
-        conns = cls(url, pool, settings, claim_setup)
+        conns = cls(url, pool, settings, claim_setup, command_timeout_s)
         try:
             await conns._claim.get()  # a wrong URL or a missing database fails here, at start-up
         except BaseException:

@@ -19,6 +19,7 @@ from tenure.backends import _rows, _rules
 from tenure.backends._queries import load_queries
 from tenure.backends.postgres import _batches
 from tenure.backends.postgres._connections import StoreConnections
+from tenure.backends.postgres.audit import insert_budgets
 from tenure.contracts.errors import KeyBusy
 from tenure.contracts.types import Enqueued, NewJob, WaitingInfo, check_replay, is_uuid
 
@@ -89,6 +90,7 @@ async def enqueue_keyed(conn: asyncpg.Connection, jobs: Sequence[NewJob]) -> tup
                     flagged.append(job_id)
             out[j.id] = Enqueued(out[j.id].job, True, tuple(flagged))
             interrupted += flagged
+        await insert_budgets(conn, jobs, {j.id for j in jobs if out[j.id].created})
     await conn.fetchval(Q["flush_barrier"])
     return out, interrupted
 

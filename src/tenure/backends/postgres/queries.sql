@@ -415,7 +415,7 @@ SELECT id::text, job_id::text, epoch, worker_id, extract(epoch FROM started_at):
 
 -- name: requeue_job --
 -- Put a terminal job back in the queue with fresh attempts (a keyed one waits for its key's turn again: the store
--- then passes the turn, backends/postgres/keys.py); appends its event ($4, $5: _rules.REQUEUED_EVENT)
+-- then passes the turn, backends/postgres/keys.py); appends its event ($4, $5: _rules.requeued_event)
 -- after its last one.
 WITH u AS (
     UPDATE jobs
@@ -771,3 +771,30 @@ SELECT count(*) FROM (
      WHERE state = 'queued' AND owner IS NULL AND NOT key_wait
        AND (priority > $2 OR (priority = $2 AND (fair_at, id) < ($4, $1::uuid)))
      LIMIT $3) AS ahead
+
+-- name: health_xmin_horizon --
+-- The oldest transaction holding back vacuum of this database: a session's snapshot or transaction (in this
+-- database, or a standby's feedback through a WAL sender), or a prepared transaction; its age in seconds and who
+-- it is; no row when nothing holds it. (Replication slots hold it too but carry no start time: see
+-- docs/operations.md.) Without pg_read_all_stats, other roles' sessions are hidden from this view.
+SELECT age_s, holder FROM (
+    SELECT extract(epoch FROM clock_timestamp() - coalesce(xact_start, backend_start))::float8 AS age_s,
+           format('pid %s (%s, %s)', pid, coalesce(nullif(application_name, ''), backend_type), state) AS holder
+      FROM pg_stat_activity
+     WHERE (backend_xmin IS NOT NULL OR backend_xid IS NOT NULL) AND pid <> pg_backend_pid()
+       AND (datname = current_database() OR datname IS NULL)
+    UNION ALL
+    SELECT extract(epoch FROM clock_timestamp() - prepared)::float8, format('prepared transaction %s', gid)
+      FROM pg_prepared_xacts WHERE database = current_database()
+) AS holders
+ORDER BY age_s DESC LIMIT 1
+
+-- name: health_tables --
+-- Dead and live rows (the statistics' estimates) and bytes with indexes of Tenure's tables in this schema.
+SELECT c.relname AS name, coalesce(s.n_dead_tup, 0) AS dead, coalesce(s.n_live_tup, 0) AS live,
+       pg_total_relation_size(c.oid) AS bytes
+  FROM pg_class AS c
+  JOIN pg_namespace AS n ON n.oid = c.relnamespace AND n.nspname = current_schema()
+  LEFT JOIN pg_stat_user_tables AS s ON s.relid = c.oid
+ WHERE c.relkind = 'r' AND c.relname = ANY(ARRAY['jobs', 'events', 'executions', 'job_commands', 'leases', 'workers'])
+ ORDER BY c.relname

@@ -22,6 +22,7 @@ from tenure.backends import _rows, _rules
 from tenure.backends._queries import load_migrations, load_queries
 from tenure.backends.postgres import _batches, keys
 from tenure.backends.postgres._connections import StoreConnections
+from tenure.backends.postgres.audit import AuditWrites, edit_input, enqueue_with_budgets
 from tenure.contracts.errors import IllegalTransition, NotFound, StoreUnavailable
 from tenure.contracts.states import REQUEUEABLE, JobState, WorkerState
 from tenure.contracts.store import JobStore
@@ -44,6 +45,7 @@ from tenure.contracts.types import (
     NewJob,
     Start,
     Started,
+    StoreHealth,
     SweepReport,
     WorkerInfo,
     check_replay,
@@ -53,6 +55,9 @@ from tenure.contracts.types import (
 )
 
 Q = load_queries("tenure.backends.postgres")
+MIGRATION_TIMEOUT_S = 24 * 3600.0
+"""A migration (an index built on a big table) or the wait for another process's may take long: not bounded by
+the store's command timeout."""
 MIGRATIONS = load_migrations("tenure.backends.postgres")  # read at import, never on the event loop
 _REQUEUEABLE = sorted(s.value for s in REQUEUEABLE)
 T = TypeVar("T")
@@ -64,7 +69,7 @@ def _session_settings(notify: bool) -> dict[str, str]:
     return {} if notify else {"tenure.notify_events": "off"}
 
 
-class PostgresStore(keys.SchedulingReads):
+class PostgresStore(keys.SchedulingReads, AuditWrites):
     """The Tenure job store on PostgreSQL. Create with `await PostgresStore.connect(url)`."""
 
     dialect = "postgres"
@@ -76,10 +81,15 @@ class PostgresStore(keys.SchedulingReads):
         self._notify = notify
 
     @classmethod
-    async def connect(cls, url: str, pool_size: int = 4, *, notify: bool = True) -> PostgresStore:
+    async def connect(
+        cls, url: str, pool_size: int = 4, *, notify: bool = True, command_timeout_s: float | None = 30.0
+    ) -> PostgresStore:
         """Open the pool and the claim connection. Does not migrate (see `migrate`). With `notify=False` the
-        store's transactions NOTIFY no events and no commands (their hints travel over a channel)."""
-        conns = await StoreConnections.open(url, pool_size, _session_settings(notify), Q["claim_start_function"])
+        store's transactions NOTIFY no events and no commands (their hints travel over a channel).
+        `command_timeout_s` (`TENURE_PG_COMMAND_TIMEOUT_S`) bounds each statement; migrations are not bounded."""
+        conns = await StoreConnections.open(
+            url, pool_size, _session_settings(notify), Q["claim_start_function"], command_timeout_s
+        )
         return cls(conns, notify)
 
     @property
@@ -117,17 +127,20 @@ class PostgresStore(keys.SchedulingReads):
     async def migrate(self) -> int:
         async with self._db.pooled("migrate") as conn, conn.transaction():
             # One migrator at a time across every process that starts together.
-            await conn.execute("SELECT pg_advisory_xact_lock(hashtextextended('tenure_migrate', 0))")
+            await conn.execute(
+                "SELECT pg_advisory_xact_lock(hashtextextended('tenure_migrate', 0))", timeout=MIGRATION_TIMEOUT_S
+            )
             await conn.execute(
                 "CREATE TABLE IF NOT EXISTS tenure_migrations ("
                 " version integer PRIMARY KEY, name text NOT NULL,"
-                " applied_at timestamptz NOT NULL DEFAULT now())"
+                " applied_at timestamptz NOT NULL DEFAULT now())",
+                timeout=MIGRATION_TIMEOUT_S,
             )
             current = int(await conn.fetchval("SELECT coalesce(max(version), 0) FROM tenure_migrations"))
             for migration in _rules.pending_migrations(current, MIGRATIONS):
                 version, name, sql = migration
                 try:
-                    await conn.execute(sql)
+                    await conn.execute(sql, timeout=MIGRATION_TIMEOUT_S)
                 except asyncpg.PostgresError as exc:
                     raise _rules.migration_failed(migration, exc) from exc
                 await conn.execute("INSERT INTO tenure_migrations (version, name) VALUES ($1, $2)", version, name)
@@ -152,7 +165,7 @@ class PostgresStore(keys.SchedulingReads):
         if any(keys.locked(j) for j in jobs):
             return await keys.enqueue_mixed(self._db, jobs, self._notify)
         async with self._db.pooled("enqueue") as conn:
-            rows = await conn.fetch(Q["enqueue_jobs"], *_batches.jobs(jobs))
+            rows = await enqueue_with_budgets(conn, Q["enqueue_jobs"], _batches.jobs(jobs), jobs)
             created = {r["id"]: _rows.job(r) for r in rows}
             missing = [j for j in jobs if j.id not in created]
             existing: dict[tuple[str, bytes], tuple[Job, bytes]] = {}
@@ -201,11 +214,13 @@ class PostgresStore(keys.SchedulingReads):
             )
         return [_rows.job(r) for r in rows]
 
-    async def requeue(self, job_id: str, tenant: str | None = None) -> Job:
+    async def requeue(self, job_id: str, tenant: str | None = None, input_json: str | None = None) -> Job:
         # One transaction: the answer is the job as this requeue left it, before any worker can claim it.
-        ev = _rules.REQUEUED_EVENT
+        ev = _rules.requeued_event(input_json is not None)
         async with self._db.pooled("requeue") as conn, conn.transaction():
             row = await conn.fetchrow(Q["requeue_job"], job_id, tenant, _REQUEUEABLE, ev.type, ev.payload_json)
+            if row is not None and input_json is not None:
+                await edit_input(conn, job_id, input_json)
             job = await conn.fetchrow(Q["get_job"], job_id, tenant)
             if row is not None:
                 await self._events_changed(conn, [job_id])
@@ -404,6 +419,12 @@ class PostgresStore(keys.SchedulingReads):
         async with self._db.pooled("count_live_jobs") as conn:
             rows = await conn.fetch(Q["count_live_jobs"])
         return JobCounts.from_rows([(r["kind"], r["tenant"], r["n"]) for r in rows])
+
+    async def health(self) -> StoreHealth:
+        async with self._db.pooled("health") as conn:
+            horizon = await conn.fetchrow(Q["health_xmin_horizon"])
+            tables = await conn.fetch(Q["health_tables"])
+        return _rules.store_health(horizon, tables)
 
     # -- the gateway's side ------------------------------------------------------------------------------------------
     async def queue_depth(self, tenant: str) -> tuple[int, int]:

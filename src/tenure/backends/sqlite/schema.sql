@@ -34,7 +34,7 @@ CREATE TABLE jobs (
     finished_at          REAL
 , concurrency_key TEXT, key_limit INTEGER NOT NULL DEFAULT 1, key_wait INTEGER NOT NULL DEFAULT 0, mode_requested TEXT, mode_effective TEXT, degraded_reason TEXT, fair_at REAL NOT NULL DEFAULT 0) WITHOUT ROWID;
 CREATE UNIQUE INDEX jobs_idem ON jobs (tenant, idem_digest) WHERE idem_digest IS NOT NULL;
--- (the columns after finished_at were added by migration 0004, whose ALTER TABLE wrote them on one line)
+-- (the columns after finished_at were added by migration 0005, whose ALTER TABLE wrote them on one line)
 CREATE INDEX jobs_ready ON jobs (priority DESC, fair_at, id) WHERE state = 'queued' AND owner IS NULL AND key_wait = 0;
 CREATE INDEX jobs_tenant_turn ON jobs (tenant, priority, fair_at) WHERE state = 'queued' AND owner IS NULL AND key_wait = 0;
 CREATE INDEX jobs_owned ON jobs (claim_expires_at) WHERE owner IS NOT NULL;
@@ -117,3 +117,44 @@ CREATE INDEX jobs_keyed ON jobs (tenant, concurrency_key, id)
     WHERE concurrency_key IS NOT NULL AND state IN ('queued', 'scheduled', 'running', 'waiting');
 CREATE INDEX jobs_key_waiting ON jobs (tenant, concurrency_key, id) WHERE key_wait = 1 AND state = 'queued';
 CREATE INDEX jobs_waiting_agent ON jobs (agent) WHERE state IN ('queued', 'scheduled');
+
+-- One audit per job across its attempts: an execution's records sit under its epoch, in its own seq order.
+-- kind: tool_call (name: the tool), evidence (name: its kind), usage (name: the model or ''), and requeue
+-- (name: 'input'): an operator's edit of the input, written by the store itself (no execution).
+CREATE TABLE audit_records (
+    job_id       TEXT NOT NULL,
+    epoch        INTEGER NOT NULL,
+    seq          INTEGER NOT NULL,
+    execution_id TEXT,
+    kind         TEXT NOT NULL,
+    name         TEXT NOT NULL,
+    data         TEXT NOT NULL,
+    started_at   REAL,
+    ended_at     REAL,
+    ts           REAL NOT NULL,
+    PRIMARY KEY (job_id, epoch, seq)
+) WITHOUT ROWID;
+
+-- The effect journal: one row per (job, step key), begun before the step's function runs and ended (with its
+-- JSON result) before `ctx.step` returns. state: started | done | resolved.
+CREATE TABLE journal_steps (
+    job_id       TEXT NOT NULL,
+    key          TEXT NOT NULL,
+    state        TEXT NOT NULL,
+    epoch        INTEGER NOT NULL,
+    execution_id TEXT NOT NULL,
+    started_at   REAL NOT NULL,
+    ended_at     REAL,
+    result       TEXT,
+    PRIMARY KEY (job_id, key)
+) WITHOUT ROWID;
+
+-- A job's budget (docs/budgets.md): written with the job by `enqueue`, read by its executions at their first
+-- tool call or step. Only jobs submitted with a budget have a row.
+CREATE TABLE job_budgets (
+    job_id TEXT PRIMARY KEY,
+    budget TEXT NOT NULL
+) WITHOUT ROWID;
+
+-- Usage reports by time, for GET /v1/usage.
+CREATE INDEX audit_records_usage ON audit_records (ts) WHERE kind = 'usage';

@@ -18,6 +18,7 @@ from tenure.backends._queries import load_migrations
 from tenure.backends.sqlite import keys
 from tenure.backends.sqlite._connection import NOW, Q, SqliteConnection, split_sql
 from tenure.backends.sqlite._writes import claim_and_start_in, finish_in, start_in
+from tenure.backends.sqlite.audit import AuditWrites, edit_input, insert_budget
 from tenure.contracts.errors import IllegalTransition, NotFound
 from tenure.contracts.states import REQUEUEABLE, JobState, WorkerState
 from tenure.contracts.store import JobStore, OffloadStats
@@ -40,6 +41,7 @@ from tenure.contracts.types import (
     NewJob,
     Start,
     Started,
+    StoreHealth,
     SweepReport,
     WorkerInfo,
     check_replay,
@@ -51,7 +53,7 @@ _REQUEUEABLE = json.dumps(sorted(s.value for s in REQUEUEABLE))
 T = TypeVar("T")
 
 
-class SqliteStore(keys.SchedulingReads):
+class SqliteStore(keys.SchedulingReads, AuditWrites):
     """The Tenure job store on one SQLite file. Create with `await SqliteStore.connect(url)`."""
 
     dialect = "sqlite"
@@ -169,6 +171,8 @@ class SqliteStore(keys.SchedulingReads):
                 )
                 row = cur.fetchone()
                 if row is not None:
+                    if j.budget_json is not None:
+                        insert_budget(db, j.id, j.budget_json)
                     flagged = () if plan is None else keys.apply(db, j, plan)
                     out.append(Enqueued(_rows.job(row, _rows.comma_list), True, flagged))
                     continue
@@ -188,11 +192,13 @@ class SqliteStore(keys.SchedulingReads):
         rows = await self._read(lambda db: db.execute(Q["list_jobs"], args).fetchall())
         return [_rows.job(r, _rows.comma_list) for r in rows]
 
-    async def requeue(self, job_id: str, tenant: str | None = None) -> Job:
+    async def requeue(self, job_id: str, tenant: str | None = None, input_json: str | None = None) -> Job:
         def fn(db: sqlite3.Connection) -> Job:
             row = db.execute(Q["requeue_job"], (job_id, tenant, _REQUEUEABLE)).fetchone()
             if row is not None:
-                ev = _rules.REQUEUED_EVENT
+                if input_json is not None:
+                    edit_input(db, job_id, input_json)
+                ev = _rules.requeued_event(input_json is not None)
                 db.execute(Q["insert_event_next"], (job_id, row["epoch"], None, ev.type, ev.payload_json))
                 if row["concurrency_key"] is not None:
                     keys.pass_turns(db, [(row["tenant"], row["concurrency_key"])])
@@ -393,6 +399,15 @@ class SqliteStore(keys.SchedulingReads):
     async def count_live_jobs(self) -> JobCounts:
         rows = await self._read(lambda db: db.execute(Q["count_live_jobs"]).fetchall(), "count")
         return JobCounts.from_rows([(r["kind"], r["tenant"], r["n"]) for r in rows])
+
+    async def health(self) -> StoreHealth:
+        # No MVCC, so no horizon and no dead rows: what SQLite keeps is free pages in the file (reused in place).
+        pages, page_size, free = await self._read(
+            lambda db: (db.execute("PRAGMA page_count").fetchone()[0], db.execute("PRAGMA page_size").fetchone()[0],
+                        db.execute("PRAGMA freelist_count").fetchone()[0]),
+            "health",
+        )  # fmt: skip
+        return StoreHealth(None, None, {}, {}, {"(file)": int(pages) * int(page_size), "(free)": int(free) * int(page_size)})
 
     # -- the gateway's side ------------------------------------------------------------------------------------------
     async def queue_depth(self, tenant: str) -> tuple[int, int]:

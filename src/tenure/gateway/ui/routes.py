@@ -12,7 +12,8 @@
 Every page and fragment is scoped to the caller's tenant exactly as the API is: a tenant's session sees its own
 jobs only, and another tenant's job is "not found". The buttons of the job page call the API's own routes
 (`/v1/jobs/{id}/cancel`, `/input`, `/approve`) and its live stream is the API's SSE (`/v1/jobs/{id}/events`),
-authenticated by the session cookie; requeue has no API route, so it is the one action here. Reads go through
+authenticated by the session cookie; requeue is its own route here because it takes many ids at once (the API's
+`POST /v1/jobs/{id}/requeue` takes one). Reads go through
 `Insights` (contracts/insights.py), each bounded, so no filter the pages offer makes the store scan history.
 """
 

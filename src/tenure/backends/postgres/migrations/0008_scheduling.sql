@@ -1,4 +1,4 @@
--- Tenure schema v7: scheduling (docs/scheduling.md). Concurrency keys: a keyed job holds one of its key's turns
+-- Tenure schema v8: scheduling (docs/scheduling.md). Concurrency keys: a keyed job holds one of its key's turns
 -- or waits for one (`key_wait`), and a waiting job is outside `jobs_ready`, so the claim never reads it and its
 -- common path is unchanged. Degradation: the mode a job asked for, the one it runs as, and why they differ.
 ALTER TABLE jobs ADD COLUMN concurrency_key text;

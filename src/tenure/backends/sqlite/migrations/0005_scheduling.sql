@@ -1,4 +1,4 @@
--- Tenure schema v4 for SQLite: scheduling (docs/scheduling.md), as PostgreSQL's v7. A job waiting for its
+-- Tenure schema v5 for SQLite: scheduling (docs/scheduling.md), as PostgreSQL's v8. A job waiting for its
 -- concurrency key's turn (`key_wait`) is outside `jobs_ready`, so the claim never reads it.
 ALTER TABLE jobs ADD COLUMN concurrency_key TEXT;
 ALTER TABLE jobs ADD COLUMN key_limit INTEGER NOT NULL DEFAULT 1;
