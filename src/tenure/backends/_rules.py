@@ -28,8 +28,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from tenure.contracts.errors import AgentQueueFull, MigrationError
+from tenure.contracts.reports import StoreHealth
 from tenure.contracts.states import JobState
-from tenure.contracts.types import Finish, StoreHealth
+from tenure.contracts.types import Finish
 
 # -- leases ------------------------------------------------------------------------------------------------------------
 

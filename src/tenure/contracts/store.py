@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from tenure.contracts.audit import AuditRecord, BudgetUse, StepRecord, StoredRecord
+from tenure.contracts.reports import StoreHealth, WaitingInfo
 from tenure.contracts.states import JobState, WorkerState
 from tenure.contracts.types import (
     AdmissionState,
@@ -47,9 +48,7 @@ from tenure.contracts.types import (
     NewJob,
     Start,
     Started,
-    StoreHealth,
     SweepReport,
-    WaitingInfo,
     WorkerInfo,
     new_id,
 )

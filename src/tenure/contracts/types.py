@@ -121,16 +121,6 @@ class NewJob:
 
 
 @dataclass(frozen=True, slots=True)
-class WaitingInfo:
-    """Why a queued job waits (`JobStore.waiting_info`): claimable jobs ahead of it in claim order (counted up to a
-    bound: `ahead_capped`), and for a job waiting for its concurrency key's turn the jobs holding the key."""
-
-    ahead: int
-    ahead_capped: bool
-    key_holders: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
 class Enqueued:
     """The answer to one enqueue: the job as the store holds it (the row just inserted, or for a replayed
     idempotency key the existing job), and whether it was created now. Admission answers a client from it,
@@ -384,23 +374,6 @@ class HeartbeatReply:
 
     def lost(self, held: Sequence[Fence]) -> list[Fence]:
         return [f for f in held if f.job_id not in self.renewed]
-
-
-@dataclass(frozen=True, slots=True)
-class StoreHealth:
-    """What holds a store back, for metrics and `tenure doctor` (docs/operations.md).
-
-    `oldest_xmin_age_s`: on PostgreSQL, the age of the oldest transaction (or snapshot, prepared transaction,
-    replication slot) that keeps VACUUM from removing dead rows — the "xmin horizon"; while it stays old, every
-    claim and finish leaves dead versions of `jobs` rows behind that nothing can reclaim. None where the store has
-    no such thing (SQLite). `oldest_xmin_holder` says who holds it. Per table: dead rows (`dead_tuples`, PostgreSQL's
-    estimate), live rows and bytes on disk with indexes (`table_bytes`; on SQLite, the whole file as `(file)`)."""
-
-    oldest_xmin_age_s: float | None
-    oldest_xmin_holder: str | None
-    dead_tuples: Mapping[str, int]
-    live_tuples: Mapping[str, int]
-    table_bytes: Mapping[str, int]
 
 
 @dataclass(frozen=True, slots=True)

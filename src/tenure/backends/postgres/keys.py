@@ -21,7 +21,8 @@ from tenure.backends.postgres import _batches
 from tenure.backends.postgres._connections import StoreConnections
 from tenure.backends.postgres.audit import insert_budgets
 from tenure.contracts.errors import KeyBusy
-from tenure.contracts.types import Enqueued, NewJob, WaitingInfo, check_replay, is_uuid
+from tenure.contracts.reports import WaitingInfo
+from tenure.contracts.types import Enqueued, NewJob, check_replay, is_uuid
 
 Q = load_queries("tenure.backends.postgres")
 

@@ -24,6 +24,7 @@ from tenure.backends.postgres import _batches, keys
 from tenure.backends.postgres._connections import StoreConnections
 from tenure.backends.postgres.audit import AuditWrites, edit_input, enqueue_with_budgets
 from tenure.contracts.errors import IllegalTransition, NotFound, StoreUnavailable
+from tenure.contracts.reports import StoreHealth
 from tenure.contracts.states import REQUEUEABLE, JobState, WorkerState
 from tenure.contracts.store import JobStore
 from tenure.contracts.types import (
@@ -45,7 +46,6 @@ from tenure.contracts.types import (
     NewJob,
     Start,
     Started,
-    StoreHealth,
     SweepReport,
     WorkerInfo,
     check_replay,

@@ -11,7 +11,8 @@ from collections.abc import Iterable
 from tenure.backends import _rows, _rules
 from tenure.backends.sqlite._connection import Q, SqliteConnection
 from tenure.contracts.errors import KeyBusy
-from tenure.contracts.types import NewJob, WaitingInfo
+from tenure.contracts.reports import WaitingInfo
+from tenure.contracts.types import NewJob
 
 
 def _live(db: sqlite3.Connection, tenant: str, key: str) -> list[_rules.KeyedJob]:

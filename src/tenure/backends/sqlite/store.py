@@ -20,6 +20,7 @@ from tenure.backends.sqlite._connection import NOW, Q, SqliteConnection, split_s
 from tenure.backends.sqlite._writes import claim_and_start_in, finish_in, start_in
 from tenure.backends.sqlite.audit import AuditWrites, edit_input, insert_budget
 from tenure.contracts.errors import IllegalTransition, NotFound
+from tenure.contracts.reports import StoreHealth
 from tenure.contracts.states import REQUEUEABLE, JobState, WorkerState
 from tenure.contracts.store import JobStore, OffloadStats
 from tenure.contracts.types import (
@@ -41,7 +42,6 @@ from tenure.contracts.types import (
     NewJob,
     Start,
     Started,
-    StoreHealth,
     SweepReport,
     WorkerInfo,
     check_replay,
