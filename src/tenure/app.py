@@ -99,7 +99,10 @@ class Runtime:
     def admission(self, on_gate: GateObserver | None = None) -> Admission:
         """The one admission door, with this process's limits, caps, circuit breakers and ready index."""
         s = self.settings
-        return Admission(self.jobs, self.app.specs(), s.limits, self.ready_index, gate=s.gate, on_gate=on_gate)
+        return Admission(
+            self.jobs, self.app.specs(), s.limits, self.ready_index, gate=s.gate, on_gate=on_gate,
+            on_degraded=count_degraded,
+        )  # fmt: skip
 
     def client(self) -> LocalClient:
         """A client of the store itself, through the admission door (`tenure.connect`)."""
@@ -235,3 +238,10 @@ def open_ready_index(settings: Settings) -> RedisReadyIndex | None:
         stale_s=settings.worker.claim_ttl_s,
         max_block_s=max(settings.worker.poll_s, 0.05),
     )
+
+
+def count_degraded(agent: str, reason: str) -> None:
+    """A job of `agent` was admitted degraded: counted in `tenure_degraded_total{agent,reason}`."""
+    from tenure.observability import metrics
+
+    metrics.DEGRADED.labels(agent, reason).inc()

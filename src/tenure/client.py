@@ -95,15 +95,22 @@ class Client:
         requires: Sequence[str] | None = None,
         deadline_s: float | None = None,
         max_attempts: int | None = None,
+        concurrency_key: str | None = None,
+        multitask: str | None = None,
+        mode: str | None = None,
         budget: Mapping[str, float] | None = None,
     ) -> Admitted:
-        """Admit a job: the job (the original one when the idempotency key was seen: `created` is False)."""
+        """Admit a job: the job (the original one when the idempotency key was seen: `created` is False). A
+        `reject` job of a busy concurrency key is a `GatewayError` 409 whose problem names `running_job_id`."""
         body: dict[str, Any] = {"agent": agent, "input": input}
         for k, v in (
             ("priority", priority),
             ("requires", list(requires) if requires else None),
             ("deadline_s", deadline_s),
             ("max_attempts", max_attempts),
+            ("concurrency_key", concurrency_key),
+            ("multitask", multitask),
+            ("mode", mode),
             ("budget", dict(budget) if budget is not None else None),
         ):
             if v is not None:

@@ -44,24 +44,21 @@ class LocalClient:
         deadline_s: float | None = None,
         max_attempts: int | None = None,
         tenant: str = DEFAULT_TENANT,
+        concurrency_key: str | None = None,
+        multitask: str | None = None,
+        mode: str | None = None,
         budget: Mapping[str, float] | None = None,
         allow_unregistered: bool = False,
     ) -> Admitted:
         """Admit one job: the job as admitted (the original one when the idempotency key was seen, `created`
-        False). Over a queue cap raises `QueueFull`, while the agent's circuit is open `CircuitOpen`. An agent
-        the app does not define is looked up in the live registry (`allow_unregistered`: accept it anyway)."""
+        False). Over a queue cap raises `QueueFull`, while the agent's circuit is open `CircuitOpen`; a `reject`
+        job of a busy concurrency key raises `KeyBusy` (docs/scheduling.md). An agent the app does not define is
+        looked up in the live registry (`allow_unregistered`: accept it anyway)."""
         req = JobRequest(
-            agent,
-            input,
-            priority,
-            requires,
-            deadline_s,
-            max_attempts,
-            idempotency_key,
-            tenant,
-            budget=budget,
+            agent, input, priority, requires, deadline_s, max_attempts, idempotency_key, tenant,
+            concurrency_key=concurrency_key, multitask=multitask, mode=mode, budget=budget,
             allow_unregistered=allow_unregistered,
-        )
+        )  # fmt: skip
         return await self.service.submit(req)
 
     async def submit_many(self, requests: Sequence[JobRequest]) -> list[str]:

@@ -207,6 +207,30 @@ def _text(name: str, text: str) -> str:
     return text.strip()
 
 
+def _modes(name: str, text: str) -> frozenset[str]:
+    out = set()
+    for item in (t.strip() for t in text.split(",") if t.strip()):
+        agent, sep, mode = item.partition(":")
+        if not sep or not agent or not mode:
+            raise ConfigError(f"TENURE_{name.upper()}: {item!r} is not AGENT:MODE (e.g. diagnose:deep)")
+        out.add(f"{agent}:{mode}")
+    return frozenset(out)
+
+
+def _weights(name: str, text: str) -> tuple[tuple[str, float], ...]:
+    out: dict[str, float] = {}
+    for item in (t.strip() for t in text.split(",") if t.strip()):
+        tenant, sep, weight = item.partition("=")
+        try:
+            value = float(weight)
+        except ValueError:
+            value = 0.0
+        if not sep or not tenant.strip() or not 0 < value < float("inf"):
+            raise ConfigError(f"TENURE_{name.upper()}: {item!r} is not TENANT=WEIGHT with a positive weight (e.g. acme=2)")
+        out[tenant.strip()] = value
+    return tuple(sorted(out.items()))
+
+
 def _optional(name: str, text: str) -> str | None:
     return text.strip() or None
 
@@ -254,6 +278,8 @@ _TABLE: dict[str, tuple[str, str, Callable[[str, str], Any]]] = {
     "degraded_for_s": ("worker", "degraded_for_s", _pos_float),
     "max_input_bytes": ("limits", "max_input_bytes", _pos_int),
     "default_deadline_s": ("limits", "default_deadline_s", _pos_float),
+    "disabled_modes": ("limits", "disabled_modes", _modes),
+    "tenant_weights": ("limits", "tenant_weights", _weights),
     "tenant_budgets": ("limits", "tenant_budgets", lambda name, text: parse_tenant_budgets(text, name)),
     "allow_unregistered": ("limits", "allow_unregistered", _switch),
     "max_queued": ("gate", "max_queued", _pos_int),

@@ -69,7 +69,7 @@ def _refs(value: Any) -> set[str]:
         ({"agent": "echo", "requires": "gpu"}, "requires must be a list of capability tags, not 'gpu'"),
         ({"agent": "echo", "requires": ["a b"]}, "'a b' is not a valid capability tag"),
         ({"input": 1}, "agent is required: the name of a registered agent"),
-        ({"agent": "echo", "x": 1, "y": 2}, "unknown fields: 'x', 'y' (allowed: agent, budget, deadline_s, input, max_att"),
+        ({"agent": "echo", "x": 1, "y": 2}, "unknown fields: 'x', 'y' (allowed: agent, budget, concurrency_key, "),
         ([1, 2], "the request body must be a JSON object"),
     ],
 )

@@ -12,6 +12,7 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
+from tenure.backends._rules import KeyedJob
 from tenure.contracts.states import JobState, WorkerState
 from tenure.contracts.types import Claim, Command, Event, Execution, Fence, Job, Started, WorkerInfo
 
@@ -73,7 +74,17 @@ def job(r: Row, tags: Names = array) -> Job:
         deadline=r["deadline"],
         cancel_requested_at=r["cancel_requested_at"],
         finished_at=r["finished_at"],
+        concurrency_key=r["concurrency_key"],
+        key_wait=bool(r["key_wait"]),
+        mode_requested=r["mode_requested"],
+        mode_effective=r["mode_effective"],
+        degraded_reason=r["degraded_reason"],
     )
+
+
+def keyed(r: Row) -> KeyedJob:
+    """A live job of a concurrency key as `key_live` reads it."""
+    return KeyedJob(r["id"], r["state"], bool(r["key_wait"]), r["key_limit"], bool(r["started"]))
 
 
 def claim(r: Row, token: int, attempts: int | None = None) -> Claim:
@@ -90,6 +101,7 @@ def claim(r: Row, token: int, attempts: int | None = None) -> Claim:
         tenant=r["tenant"],
         created_at=r["created_at"],
         claimed_at=r["claimed_at"],
+        mode=r["mode"],
     )
 
 

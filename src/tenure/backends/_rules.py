@@ -27,10 +27,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tenure.contracts.errors import MigrationError
+from tenure.contracts.errors import AgentQueueFull, MigrationError
 from tenure.contracts.profile import WorkerRecord
+from tenure.contracts.reports import StoreHealth
 from tenure.contracts.states import JobState
-from tenure.contracts.types import Finish, StoreHealth
+from tenure.contracts.types import Finish
 
 # -- leases ------------------------------------------------------------------------------------------------------------
 
@@ -153,6 +154,97 @@ def finish_payload(finish: Finish, next_attempt_at: float | None) -> str:
             "next_attempt_at": next_attempt_at,
         }
     )
+
+
+# -- concurrency keys --------------------------------------------------------------------------------------------------
+# A keyed job either holds one of its key's `key_limit` turns (`key_wait` false: claimable like any job) or waits
+# for one (`key_wait` true: outside the claim's index, so the claim never reads it). Every decision about a
+# key is made here, under the key's lock (PostgreSQL: an advisory lock on the key; SQLite: the write lock), from
+# the key's live jobs (`KeyedJob`, oldest first); each dialect only reads those rows and writes the outcome.
+
+
+@dataclass(frozen=True, slots=True)
+class KeyedJob:
+    """One live (queued, scheduled, running, waiting) job of a concurrency key, as the key's lock holder reads it."""
+
+    id: str
+    state: str
+    key_wait: bool
+    key_limit: int
+    started: bool
+    """An execution of it has started (running or waiting): `drop_queued` may not replace it."""
+
+    @property
+    def holds(self) -> bool:
+        return not self.key_wait
+
+
+@dataclass(frozen=True, slots=True)
+class KeyPlan:
+    """What the enqueue of a keyed job does, decided before its insert: `reject` (the id of a job holding the
+    key: the enqueue raises `KeyBusy`), else insert with `wait`, then cancel the unstarted jobs `drop` (replaced)
+    and ask the owners of `interrupt` to cancel."""
+
+    reject: str | None = None
+    wait: bool = False
+    drop: tuple[str, ...] = ()
+    interrupt: tuple[str, ...] = ()
+
+
+def key_plan(multitask: str, limit: int, live: Sequence[KeyedJob]) -> KeyPlan:
+    """The enqueue's plan for a new job of a key whose live jobs are `live` (oldest first).
+
+    The key is busy when its holders fill `limit`. A new job waits when the key is busy or others already wait
+    (turns pass in order). `reject` refuses a busy key; `interrupt` cancels every started holder (the cancellation
+    protocol: a persisted flag its owner sees) and waits for its turn; `drop_queued` cancels the key's jobs that
+    never started (they end `cancelled`, replaced) and takes their place."""
+    holders = [j for j in live if j.holds]
+    busy = len(holders) >= limit
+    if multitask == "reject" and busy:
+        running = [j for j in holders if j.started] or holders
+        return KeyPlan(reject=running[0].id)
+    if multitask == "drop_queued":
+        drop = tuple(j.id for j in live if not j.started)
+        left = [j for j in holders if j.started]
+        return KeyPlan(wait=len(left) >= limit, drop=drop)
+    waiting = any(j.key_wait for j in live)
+    if multitask == "interrupt":
+        return KeyPlan(wait=busy or waiting, interrupt=tuple(j.id for j in holders if j.started))
+    return KeyPlan(wait=busy or waiting)
+
+
+def key_promotions(live: Sequence[KeyedJob]) -> list[str]:
+    """The waiting jobs of a key that take a turn now (oldest first): as many as the key's free turns, the limit
+    being the oldest waiter's. Called under the key's lock after a holder ended (finish, cancel, sweep)."""
+    waiting = [j for j in live if j.key_wait]
+    if not waiting:
+        return []
+    free = waiting[0].key_limit - sum(1 for j in live if j.holds)
+    return [j.id for j in waiting[: max(0, free)]]
+
+
+def dropped_message(new_job_id: str) -> str:
+    """The error message of a job a `drop_queued` job replaced."""
+    return f"replaced by job {new_job_id} (multitask drop_queued) before it started"
+
+
+DROPPED_EVENT = _event("job.cancelled", state="cancelled", error_code="replaced")
+"""A not-yet-started job of a key, replaced by a `drop_queued` job."""
+
+
+# -- per-agent queue caps ----------------------------------------------------------------------------------------------
+
+
+def check_queue_cap(job_id: str, agent: str, cap: int | None, waiting: int) -> None:
+    """Raise `AgentQueueFull` when `waiting` jobs of `agent` (counted under the agent's lock, this batch's own
+    inserts included) already fill its cap."""
+    if cap is not None and waiting >= cap:
+        raise AgentQueueFull(
+            f"agent {agent!r} has {waiting} jobs waiting to start; its limit (max_queued) is {cap}", job_id, agent, waiting
+        )
+
+
+# -- store health -----------------------------------------------------------------------------------------------------
 
 
 def store_health(horizon: Any, tables: Sequence[Any]) -> StoreHealth:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from tenure.contracts.audit import AuditRecord, BudgetUse, StepRecord, StoredRecord
 from tenure.contracts.profile import WorkerRecord
+from tenure.contracts.reports import StoreHealth, WaitingInfo
 from tenure.contracts.states import WorkerState
 from tenure.contracts.store import JobStore, OffloadStats, Signals
 from tenure.contracts.types import (
@@ -46,7 +47,6 @@ from tenure.contracts.types import (
     NewJob,
     Start,
     Started,
-    StoreHealth,
     SweepReport,
     WorkerInfo,
 )
@@ -101,6 +101,9 @@ class AfterCommit:
         out = await self.store.enqueue(jobs)
         if any(e.created for e in out):
             self.signals.jobs_changed()
+        interrupted = [j for e in out for j in e.interrupted]
+        if interrupted:  # cancel requests for the owners (interrupt), as `cancel` signals them
+            self.signals.control_sent(interrupted)
         return out
 
     async def get_job(self, job_id: str, tenant: str | None = None) -> Job | None:
@@ -227,6 +230,12 @@ class AfterCommit:
 
     async def find_idempotent(self, tenant: str, idem_digest: bytes) -> tuple[str, bytes] | None:
         return await self.store.find_idempotent(tenant, idem_digest)
+
+    async def queued_of_agent(self, agent: str, mode: str | None = None) -> int:
+        return await self.store.queued_of_agent(agent, mode)
+
+    async def waiting_info(self, job_id: str, bound: int) -> WaitingInfo | None:
+        return await self.store.waiting_info(job_id, bound)
 
     async def record_circuit_failure(self, key: str) -> None:
         await self.store.record_circuit_failure(key)

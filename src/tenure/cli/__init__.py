@@ -83,6 +83,13 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--requires", help="comma-separated capability tags a worker must have")
     sp.add_argument("--deadline-s", type=float, help="queue deadline: expire if not started within (default 300)")
     sp.add_argument("--max-attempts", type=int, help="executions before the job is dead (default: the agent's)")
+    sp.add_argument("--concurrency-key", help="at most the agent's key_limit jobs of this key run at once")
+    sp.add_argument(
+        "--multitask",
+        choices=["enqueue", "reject", "interrupt", "drop_queued"],
+        help="when the key is busy: wait, refuse, cancel the running job, or replace queued ones (default: the agent's)",
+    )
+    sp.add_argument("--mode", help="the mode to run in, of those the agent declares (e.g. deep, fast)")
     sp.add_argument("--budget", help='limits as JSON, e.g. \'{"tool_calls": 50, "cost": 2.5}\' (docs/budgets.md)')
     sp.add_argument("--wait", action="store_true", help="wait for the job to finish and print it")
     sp.add_argument("--timeout", type=float, default=None, help="with --wait: give up after this many seconds")

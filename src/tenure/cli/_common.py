@@ -48,6 +48,10 @@ def print_job(job: Job) -> None:
     print(f"state      {job.state.value}  epoch {job.epoch}  attempts {job.attempts}/{job.max_attempts}")
     print(f"owner      {job.owner or '-'}  execution {job.execution_id or '-'}")
     print(f"created    {ts(job.created_at)}  started {ts(job.execution_started_at)}  finished {ts(job.finished_at)}")
+    if job.concurrency_key is not None:
+        print(f"key        {job.concurrency_key}" + ("  (waiting for its turn)" if job.key_wait else ""))
+    if job.degraded_reason is not None:
+        print(f"degraded   {job.mode_requested} → {job.mode_effective} ({job.degraded_reason})")
     if job.error_code:
         print(f"error      {job.error_code}: {job.error_message}")
     if job.result is not None:

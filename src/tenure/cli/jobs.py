@@ -58,6 +58,9 @@ async def cmd_submit(args: argparse.Namespace) -> int:
             requires=args.requires.split(",") if args.requires else (),
             deadline_s=args.deadline_s,
             max_attempts=args.max_attempts,
+            concurrency_key=args.concurrency_key,
+            multitask=args.multitask,
+            mode=args.mode,
             budget=read_budget(args.budget),
             allow_unregistered=args.allow_unregistered,
         )
@@ -96,6 +99,9 @@ async def _submit_via_gateway(args: argparse.Namespace, url: str, payload: Any) 
             requires=args.requires.split(",") if args.requires else None,
             deadline_s=args.deadline_s,
             max_attempts=args.max_attempts,
+            concurrency_key=args.concurrency_key,
+            multitask=args.multitask,
+            mode=args.mode,
             budget=read_budget(args.budget),
         )
         job_id = admitted.job.id
@@ -136,10 +142,16 @@ async def cmd_job(args: argparse.Namespace) -> int:
     async def go(client: LocalClient) -> int:
         job = await client.job(args.id)
         executions = await client.store.list_executions(job.id)
-        data = job.to_dict() | {"executions": [e.__dict__ if hasattr(e, "__dict__") else _slots(e) for e in executions]}
+        waiting = await client.service.waiting_reason(job)
+        data = job.to_dict() | {
+            "waiting_reason": waiting,
+            "executions": [e.__dict__ if hasattr(e, "__dict__") else _slots(e) for e in executions],
+        }
 
         def human() -> None:
             print_job(job)
+            if waiting is not None:
+                print(f"waiting    {waiting['kind']}: {waiting['detail']}")
             for e in executions:
                 print(
                     f"execution  {e.id}  epoch {e.epoch}  {e.outcome:9}  worker {e.worker_id}  "

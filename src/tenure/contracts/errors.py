@@ -6,6 +6,8 @@
     │   ├── UnknownAgent            no agent of that name is registered
     │   ├── InputTooLarge           the input JSON is over the size limit
     │   └── IdempotencyConflict     the key was used before with a different request
+    ├── KeyBusy                     a `reject` job's concurrency key is held by another job (HTTP 409)
+    ├── AgentQueueFull              the store refused a job: its agent's waiting jobs are at `max_queued`
     ├── NotFound                    no such job (or not visible to this tenant)
     ├── IllegalTransition           a state change the job state machine does not allow
     ├── StoreUnavailable            the database could not be reached or failed (driver errors wrapped)
@@ -73,6 +75,30 @@ class IdempotencyConflict(InvalidRequest):
     def __init__(self, message: str, existing_job_id: str) -> None:
         super().__init__(message)
         self.existing_job_id = existing_job_id
+
+
+class KeyBusy(TenureError):
+    """The job's concurrency key is at its limit and the job asked to be refused then (`multitask="reject"`).
+    Nothing was written. `running_job_id`: a job holding the key's turn."""
+
+    code = "key_busy"
+
+    def __init__(self, message: str, running_job_id: str) -> None:
+        super().__init__(message)
+        self.running_job_id = running_job_id
+
+
+class AgentQueueFull(TenureError):
+    """The store refused to enqueue a job (the batch is rolled back): its agent already has `waiting` jobs
+    waiting to start, its cap (`max_queued`). Admission degrades the job to a fallback or answers 429."""
+
+    code = "agent_queue_full"
+
+    def __init__(self, message: str, job_id: str, agent: str, waiting: int) -> None:
+        super().__init__(message)
+        self.job_id = job_id
+        self.agent = agent
+        self.waiting = waiting
 
 
 class NotFound(TenureError):

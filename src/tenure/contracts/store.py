@@ -27,6 +27,7 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from tenure.contracts.audit import AuditRecord, BudgetUse, StepRecord, StoredRecord
 from tenure.contracts.profile import WorkerRecord
+from tenure.contracts.reports import StoreHealth, WaitingInfo
 from tenure.contracts.states import JobState, WorkerState
 from tenure.contracts.types import (
     AdmissionState,
@@ -48,7 +49,6 @@ from tenure.contracts.types import (
     NewJob,
     Start,
     Started,
-    StoreHealth,
     SweepReport,
     WorkerInfo,
     new_id,
@@ -279,6 +279,16 @@ class JobStore(Protocol):
 
     async def find_idempotent(self, tenant: str, idem_digest: bytes) -> tuple[str, bytes] | None:
         """The job a tenant created with this idempotency digest, and its request fingerprint, if any."""
+        ...
+
+    async def queued_of_agent(self, agent: str, mode: str | None = None) -> int:
+        """Jobs of `agent` waiting to start (queued or scheduled), in the shared store; with `mode`, only those
+        whose effective mode it is (the per-agent cap `max_queued`, docs/scheduling.md)."""
+        ...
+
+    async def waiting_info(self, job_id: str, bound: int) -> WaitingInfo | None:
+        """Why a queued job waits: the claimable jobs ahead of it (counted up to `bound`) and, if it waits for
+        its concurrency key's turn, the key's holders. None unless the job is queued and unowned."""
         ...
 
     async def record_circuit_failure(self, key: str) -> None:

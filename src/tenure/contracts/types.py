@@ -72,6 +72,20 @@ class AgentSpec:
     priority: int = 0
     worker_quota: str | None = None
     """A global quota whose slot a worker must hold *before* it claims a job of this agent (seed 003 §3.1)."""
+    # Scheduling (docs/scheduling.md): jobs of one concurrency key holding its turn at once, the default strategy
+    # of a job of a busy key (`MULTITASK`), the cap on waiting jobs (None: none; per mode with modes), the agent a
+    # job goes to when it is full, and the modes a job may ask for, best first.
+    key_limit: int = 1
+    multitask: str = "enqueue"
+    max_queued: int | None = None
+    degrade_to: str | None = None
+    modes: tuple[str, ...] = ()
+
+
+MULTITASK = ("enqueue", "reject", "interrupt", "drop_queued")
+"""The strategies of a job whose concurrency key is busy (docs/scheduling.md): wait for the key's turn, refuse
+(409 with the running job's id), cancel the key's running job and take the next turn, or cancel the key's
+not-yet-started jobs and take their place."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +104,19 @@ class NewJob:
     deadline_s: float | None
     idem_digest: bytes | None
     request_fingerprint: bytes
+    # Scheduling (docs/scheduling.md): the concurrency key (per tenant), its limit and the job's `multitask`; the
+    # mode asked for, the one it runs in and why they differ; its tenant's step (1 / weight) for fair shares; and
+    # its agent's `max_queued` (per `queue_cap_mode` with modes), which the store checks with the insert under a
+    # lock on the agent (`AgentQueueFull`), so the cap holds across gateways.
+    concurrency_key: str | None = None
+    key_limit: int = 1
+    multitask: str = "enqueue"
+    mode_requested: str | None = None
+    mode_effective: str | None = None
+    degraded_reason: str | None = None
+    fair_step: float = 1.0
+    queue_cap_mode: str | None = None
+    queue_cap: int | None = None
     budget_json: str | None = None  # the job's limits (docs/budgets.md), written beside the job
 
 
@@ -101,6 +128,7 @@ class Enqueued:
 
     job: Job
     created: bool
+    interrupted: tuple[str, ...] = ()  # jobs of its key it asked to cancel (interrupt): signalled after the commit
 
     @property
     def job_id(self) -> str:
@@ -142,6 +170,8 @@ class Claim:
     # Database-clock times for the queue-wait and dispatch metrics (additive; None from older stores).
     created_at: float | None = None
     claimed_at: float | None = None
+    mode: str | None = None
+    """The mode it runs in (`mode_effective`), for an agent that declares modes (`ctx.mode`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,6 +295,12 @@ class Job:
     deadline: float | None
     cancel_requested_at: float | None
     finished_at: float | None
+    concurrency_key: str | None = None
+    key_wait: bool = False
+    """Queued behind its concurrency key: not claimable until the key's turn passes to it."""
+    mode_requested: str | None = None
+    mode_effective: str | None = None
+    degraded_reason: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The job as the HTTP API answers it (JSON types: `state` its value, `requires` a list)."""
@@ -351,23 +387,6 @@ class HeartbeatReply:
 
     def lost(self, held: Sequence[Fence]) -> list[Fence]:
         return [f for f in held if f.job_id not in self.renewed]
-
-
-@dataclass(frozen=True, slots=True)
-class StoreHealth:
-    """What holds a store back, for metrics and `tenure doctor` (docs/operations.md).
-
-    `oldest_xmin_age_s`: on PostgreSQL, the age of the oldest transaction (or snapshot, prepared transaction,
-    replication slot) that keeps VACUUM from removing dead rows — the "xmin horizon"; while it stays old, every
-    claim and finish leaves dead versions of `jobs` rows behind that nothing can reclaim. None where the store has
-    no such thing (SQLite). `oldest_xmin_holder` says who holds it. Per table: dead rows (`dead_tuples`, PostgreSQL's
-    estimate), live rows and bytes on disk with indexes (`table_bytes`; on SQLite, the whole file as `(file)`)."""
-
-    oldest_xmin_age_s: float | None
-    oldest_xmin_holder: str | None
-    dead_tuples: Mapping[str, int]
-    live_tuples: Mapping[str, int]
-    table_bytes: Mapping[str, int]
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,6 +41,7 @@ from tenure.contracts.types import DEFAULT_TENANT, AgentSpec, Enqueued, Job, New
 from tenure.control.directory import AgentDirectory
 from tenure.control.gate import CircuitOpen, Gate, GateConfig, GateObserver, QueueFull
 from tenure.control.models import KEY, TENANT, JobSpec, check, shown, validated
+from tenure.control.routing import Router
 from tenure.control.tenant_budgets import TenantBudget, check_tenant_budgets
 
 HINT_TIMEOUT_S = 0.5
@@ -166,6 +167,12 @@ class AdmissionLimits:
 
     max_input_bytes: int = 1024 * 1024
     default_deadline_s: float | None = 300.0
+    disabled_modes: frozenset[str] = frozenset()
+    """`AGENT:MODE` pairs no job runs in (TENURE_DISABLED_MODES): a job asking for one runs in the agent's next
+    enabled mode, degraded (docs/scheduling.md)."""
+    tenant_weights: tuple[tuple[str, float], ...] = ()
+    """(tenant, weight) pairs (TENURE_TENANT_WEIGHTS): within one priority a tenant of weight 2 is served twice as
+    often as one of weight 1 (the default) while both have jobs queued (docs/scheduling.md#fair-shares)."""
     # TENURE_TENANT_BUDGETS (control/tenant_budgets.py): tenants refused new jobs while over their usage budget.
     tenant_budgets: Mapping[str, TenantBudget] = field(default_factory=dict)
     allow_unregistered: bool = False
@@ -185,6 +192,10 @@ class JobRequest:
     max_attempts: int | None = None
     idempotency_key: str | None = None
     tenant: str = DEFAULT_TENANT
+    concurrency_key: str | None = None
+    multitask: str | None = None
+    """What to do when the concurrency key is busy (`MULTITASK`); None: the agent's default."""
+    mode: str | None = None
     budget: Mapping[str, float] | None = None
     allow_unregistered: bool = False
     """Admit this agent even if neither the app nor a live worker knows it (`tenure submit --allow-unregistered`)."""
@@ -231,6 +242,7 @@ class Admission:
         gate: GateConfig | None = None,
         on_gate: GateObserver | None = None,
         directory: AgentDirectory | None = None,
+        on_degraded: Callable[[str, str], None] | None = None,
     ) -> None:
         self.store = store
         self.agents = dict(agents)
@@ -241,6 +253,14 @@ class Admission:
         self.limits = limits or AdmissionLimits()
         self.gate = Gate(store, gate, on_gate)
         self.inflight = InFlight()
+        # Told (requested agent, reason) of every job admitted degraded (the metric tenure_degraded_total).
+        self.on_degraded = on_degraded
+        self.router = Router(
+            store,
+            lambda name: self.agents.get(name) or self.directory.specs.get(name),
+            self.gate.config.retry_after_s,
+            self.limits.disabled_modes,
+        )
 
     def build(self, req: JobRequest) -> NewJob:
         """Validate one request; raise `InvalidRequest` (or a subclass) with a message a client can act on."""
@@ -262,8 +282,14 @@ class Admission:
             check(KEY, req.idempotency_key, "idempotency_key")
             digest = idem_digest(req.tenant, req.idempotency_key)
         budget = None if fields.budget is None else fields.budget.model_dump(exclude_none=True) or None
-        identity: list[Any] = [spec.name, input_json, priority, sorted(requires), deadline_s, max_attempts]
-        fingerprint = hashlib.sha256(json.dumps(identity + ([budget] if budget else [])).encode()).digest()
+        defining: list[Any] = [spec.name, input_json, priority, sorted(requires), deadline_s, max_attempts]
+        # Appended only when set: earlier fingerprints stay valid.
+        if fields.concurrency_key is not None:
+            defining += [fields.concurrency_key, fields.multitask or spec.multitask]
+        if budget:
+            defining.append(budget)
+        fingerprint = hashlib.sha256(json.dumps(defining).encode()).digest()
+        mode_requested, mode_effective, degraded = self._mode(spec, fields.mode)
         return NewJob(
             id=new_id(),
             tenant=req.tenant,
@@ -277,8 +303,30 @@ class Admission:
             deadline_s=deadline_s,
             idem_digest=digest,
             request_fingerprint=fingerprint,
+            concurrency_key=fields.concurrency_key,
+            key_limit=spec.key_limit,
+            multitask=fields.multitask or spec.multitask,
+            mode_requested=mode_requested,
+            mode_effective=mode_effective,
+            degraded_reason=degraded,
+            fair_step=1.0 / dict(self.limits.tenant_weights).get(req.tenant, 1.0),
             budget_json=None if budget is None else json.dumps(budget),
         )
+
+    def _mode(self, spec: AgentSpec, asked: str | None) -> tuple[str | None, str | None, str | None]:
+        """(mode_requested, mode_effective, degraded_reason) of a job of `spec` asking for mode `asked`: the
+        agent's first mode by default; a disabled one (TENURE_DISABLED_MODES) runs as the next enabled mode. An agent
+        that declares no modes ignores `asked`."""
+        if not spec.modes:  # an agent without modes has one way to run: any mode asked for is that one
+            return None, None, None
+        mode = spec.modes[0] if asked is None else asked
+        if mode not in spec.modes:
+            raise InvalidRequest(f"mode must be one of {', '.join(spec.modes)} (agent {spec.name!r}), not {shown(mode)}")
+        disabled = self.limits.disabled_modes
+        enabled = [m for m in spec.modes[spec.modes.index(mode) :] if f"{spec.name}:{m}" not in disabled]
+        if not enabled:
+            raise InvalidRequest(f"mode {mode!r} of agent {spec.name!r} and every mode after it are disabled")
+        return mode, enabled[0], None if enabled[0] == mode else "mode_disabled"
 
     def input_of(self, value: Any) -> str:
         """A job input as the store holds it, held to the rules of admission (JSON every store takes, the size
@@ -311,7 +359,8 @@ class Admission:
         if self.limits.tenant_budgets:
             await check_tenant_budgets(self.store, self.limits.tenant_budgets, [j.tenant for j in jobs])
         await self.gate.check(demand)
-        out = await self.store.enqueue(jobs)
+        jobs, out = await self.router.enqueue(jobs)
+        self._count_degraded([j for j, e in zip(jobs, out, strict=True) if e.created])
         await self.hint(jobs, out)
         return [Admitted(e.job, e.created) for e in out]
 
@@ -341,6 +390,7 @@ class Admission:
             if self.limits.tenant_budgets:
                 await check_tenant_budgets(self.store, self.limits.tenant_budgets, [job.tenant])
             await self.gate.check({(job.tenant, job.agent): 1})
+            (job,), (out,) = await self.router.enqueue([job])
         except (QueueFull, CircuitOpen):
             # A replay of a key answers its original job even while the caps or the circuit refuse new work:
             # the job exists, nothing new is admitted.
@@ -348,9 +398,17 @@ class Admission:
             if replayed is None:
                 raise
             return replayed
-        (out,) = await self.store.enqueue([job])
+        if out.created:
+            self._count_degraded([job])
         await self.hint([job], [out])
         return Admitted(out.job, out.created)
+
+    def _count_degraded(self, jobs: Sequence[NewJob]) -> None:
+        if self.on_degraded is None:
+            return
+        for j in jobs:
+            if j.degraded_reason is not None:
+                self.on_degraded(j.mode_requested or j.agent, j.degraded_reason)
 
     async def _replayed(self, job: NewJob) -> Admitted | None:
         if job.idem_digest is None:
@@ -371,7 +429,9 @@ class Admission:
         find the jobs by polling the store, so a failure here is logged, never raised."""
         if self.ready_index is None:
             return
-        created = {e.job_id for e in enqueued if e.created}
+        # A job waiting for its concurrency key's turn is not claimable: it is hinted when its turn comes (the
+        # sweeper's hints of jobs claimable again), and found by the store's claim either way.
+        created = {e.job_id for e in enqueued if e.created and not e.job.key_wait}
         hints = [ReadyHint(j.id, j.agent, j.priority) for j in jobs if j.id in created]
         try:
             # Bounded: the job is committed already, and a Redis that stopped answering (a partition) would
@@ -441,6 +501,9 @@ def _spec_fields(req: JobRequest) -> dict[str, Any]:
         "deadline_s": req.deadline_s,
         "budget": None if req.budget is None else dict(req.budget),
         "max_attempts": req.max_attempts,
+        "concurrency_key": req.concurrency_key,
+        "multitask": req.multitask,
+        "mode": req.mode,
     }
 
 

@@ -14,13 +14,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from tenure.contracts.errors import InvalidRequest, NotFound
-from tenure.contracts.states import JobState
+from tenure.contracts.states import JobState, WorkerState
 from tenure.contracts.store import Store
 from tenure.contracts.text import dumps
 from tenure.contracts.types import ControlOutcome, Event, Job, JobFilter, WorkerInfo, is_uuid
 from tenure.control.admission import Admission, Admitted, JobRequest
 from tenure.control.models import ApprovalBody, InputBody, RequeueBody, shown, validated
 
+AHEAD_BOUND = 10_000
+"""How far `waiting_reason` counts the jobs ahead of a queued one (the count reads the head of the ready index)."""
 MAX_WAIT_S = 30.0
 MAX_DRAIN_S = 86400.0
 """The longest drain timeout an operator may give (`tenure drain --timeout`, `POST /v1/workers/{id}/drain`)."""
@@ -56,6 +58,44 @@ class JobsService:
         if job is None:
             raise NotFound(f"no job {shown(job_id)}" + ("" if jid is not None else " (job ids are UUIDs)"))
         return job
+
+    async def waiting_reason(self, job: Job) -> dict[str, Any] | None:
+        """Why a job that has not started waits (docs/scheduling.md#why-a-job-waits), or None for any other job:
+        behind its concurrency key (naming the jobs holding it), a retry backoff, no capable worker (no active
+        worker serves its agent with its capabilities), or its place in line (claimable jobs ahead of it, counted
+        up to `AHEAD_BOUND`)."""
+        if job.state is JobState.SCHEDULED:
+            return {"kind": "retry_backoff", "next_attempt_at": job.next_attempt_at,
+                    "detail": "waiting out the backoff before its next attempt"}  # fmt: skip
+        if job.state is not JobState.QUEUED or job.owner is not None:
+            return None
+        info = await self.store.waiting_info(job.id, AHEAD_BOUND)
+        if info is None:  # claimed (or started) meanwhile
+            return None
+        if job.key_wait:
+            holders = list(info.key_holders)
+            return {
+                "kind": "concurrency_key",
+                "concurrency_key": job.concurrency_key,
+                "running_job_ids": holders,
+                "detail": f"waiting for the turn of concurrency key {job.concurrency_key!r}, held by "
+                + (", ".join(holders) or "no job (its turn passes at the next sweep)"),
+            }
+        workers = await self.store.list_workers()
+        capable = [
+            w for w in workers
+            if w.state is not WorkerState.GONE and job.agent in w.agents and set(job.requires) <= set(w.capabilities)
+        ]  # fmt: skip
+        if not capable:
+            needs = f" with capabilities {', '.join(job.requires)}" if job.requires else ""
+            return {"kind": "no_capable_worker", "detail": f"no live worker serves agent {job.agent!r}{needs}"}
+        ahead = f"{'at least ' if info.ahead_capped else ''}{info.ahead}"
+        return {
+            "kind": "place_in_line",
+            "jobs_ahead": info.ahead,
+            "jobs_ahead_capped": info.ahead_capped,
+            "detail": f"{ahead} claimable jobs ahead of it in claim order (priority, then age)",
+        }
 
     async def jobs(self, flt: JobFilter) -> list[Job]:
         """Jobs matching `flt`, newest first."""

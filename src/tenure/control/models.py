@@ -40,6 +40,11 @@ IdempotencyKey = Annotated[
     Field(description=f"an idempotency key of 1 to {MAX_KEY_LENGTH} characters"),
 ]
 Tenant = Annotated[str, StringConstraints(min_length=1), Field(description="a non-empty string")]
+ConcurrencyKey = Annotated[
+    str,
+    StringConstraints(min_length=1, max_length=MAX_KEY_LENGTH),
+    Field(description=f"a concurrency key of 1 to {MAX_KEY_LENGTH} characters"),
+]
 
 _STRICT = ConfigDict(extra="forbid", strict=True)
 
@@ -101,6 +106,13 @@ class JobSpec(BaseModel):
         Attempts | None,
         Field(description=f"an integer from 1 to {MAX_ATTEMPTS}"),
     ] = None
+    # Scheduling (docs/scheduling.md).
+    concurrency_key: ConcurrencyKey | None = None
+    multitask: Annotated[
+        Literal["enqueue", "reject", "interrupt", "drop_queued"] | None,
+        Field(description="one of enqueue, reject, interrupt, drop_queued"),
+    ] = None
+    mode: Annotated[str | None, Field(min_length=1, max_length=64, description="a mode the agent declares")] = None
     budget: Annotated[Budget | None, Field(description="limits: tool_calls, tokens, cost, wall_s (docs/budgets.md)")] = None
 
 
@@ -261,6 +273,8 @@ TENANT: TypeAdapter[str] = TypeAdapter(Tenant)
 """The validator of a tenant name (outside any body: it comes from the API key, or a Python caller)."""
 KEY: TypeAdapter[str] = TypeAdapter(IdempotencyKey)
 """The validator of an idempotency key (the `Idempotency-Key` header, or a frame's `idempotency_key`)."""
+CONCURRENCY_KEY: TypeAdapter[str] = TypeAdapter(ConcurrencyKey)
+"""The validator of a concurrency key (a Python caller's `concurrency_key=`)."""
 
 
 def refusal(model: type[BaseModel], errors: Sequence[ErrorDetails]) -> str:

@@ -113,8 +113,9 @@ class Gateway:
         # The one admission door (the CLI and tenure.connect use the same); with a ready index
         # (TENURE_REDIS_URL), a job submitted here is hinted to the workers at once.
         self.admission = Admission(
-            store, agents, self.config.limits, ready_index, gate=self.config.gate, on_gate=self._gate_checked
-        )
+            store, agents, self.config.limits, ready_index, gate=self.config.gate, on_gate=self._gate_checked,
+            on_degraded=lambda agent, reason: metrics.DEGRADED.labels(agent, reason).inc(),
+        )  # fmt: skip
         self.jobs = JobsService(store, self.admission)
         self._openapi: dict[str, Any] | None = None
         self.hub = EventHub(store, backends.signals, self.config.sse_idle_s)
@@ -266,7 +267,8 @@ class Gateway:
     async def get_job(self, request: Request) -> Response:
         """GET /v1/jobs/{id}: one job."""
         who = self._principal(request)
-        return JSONResponse(_job_view(await self.load_job(request.path_params["job_id"], who)))
+        job = await self.load_job(request.path_params["job_id"], who)
+        return JSONResponse(_job_view(job) | {"waiting_reason": await self.jobs.waiting_reason(job)})
 
     async def audit(self, request: Request) -> Response:
         """GET /v1/jobs/{id}/audit: the job's executions, tool calls, evidence, usage and journal (docs/audit.md)."""

@@ -127,10 +127,13 @@ def openapi_document(agents: list[str]) -> dict[str, Any]:
                         "200": _json("the original job of a replayed key", "Job"),
                         "400": _BAD_JSON,
                         "401": _problem("no valid API key"),
-                        "409": _problem("idempotency key reused with another request"),
+                        "409": _problem(
+                            "idempotency key reused with another request, or the concurrency key of a `reject` job "
+                            "is busy (`running_job_id`)"
+                        ),
                         "413": _problem("body too large"),
                         "422": _problem("invalid request or unknown agent"),
-                        "429": _problem("queue cap reached (Retry-After)"),
+                        "429": _problem("queue cap reached: global, tenant or the agent's max_queued (Retry-After)"),
                         "503": _problem("circuit open for this agent (Retry-After)"),
                     },
                 },
@@ -153,7 +156,10 @@ def openapi_document(agents: list[str]) -> dict[str, Any]:
                 "get": {
                     "operationId": "getJob",
                     "parameters": [_JOB_ID],
-                    "responses": {"200": _json("the job", "Job"), **_COMMON},
+                    "responses": {
+                        "200": _json("the job, with `waiting_reason` (null unless it has not started)", "Job"),
+                        **_COMMON,
+                    },
                 }
             },
             "/v1/jobs/{job_id}/cancel": {

@@ -13,6 +13,7 @@ from tenure.contracts.errors import (
     IllegalTransition,
     InputTooLarge,
     InvalidRequest,
+    KeyBusy,
     NotFound,
     StoreUnavailable,
     TenureError,
@@ -68,6 +69,8 @@ def from_error(exc: TenureError) -> Problem:
             "idempotency-conflict",
             existing_job_id=exc.existing_job_id,
         )
+    if isinstance(exc, KeyBusy):
+        return Problem(409, "Concurrency key busy", str(exc), "key-busy", running_job_id=exc.running_job_id)
     if isinstance(exc, InvalidJSON):
         return Problem(400, exc.title, str(exc), exc.kind)
     if isinstance(exc, UnknownAgent):

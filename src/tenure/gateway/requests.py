@@ -67,5 +67,8 @@ def submit_request(spec: JobSpec, who: Principal, key: str | None) -> JobRequest
         spec.max_attempts,
         key,
         who.submit_tenant,
-        None if spec.budget is None else spec.budget.model_dump(exclude_none=True),
+        concurrency_key=spec.concurrency_key,
+        multitask=spec.multitask,
+        mode=spec.mode,
+        budget=None if spec.budget is None else spec.budget.model_dump(exclude_none=True),
     )

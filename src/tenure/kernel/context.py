@@ -77,7 +77,7 @@ class Context:
     """Handed to every handler: `await ctx.emit(...)`, `await ctx.to_thread(...)`, `ctx.usage(...)`,
     `ctx.tool_call(...)`, `await ctx.evidence(...)`, `await ctx.step(...)`."""
 
-    __slots__ = ("_port", "agent", "attempt", "epoch", "execution_id", "job_id", "log", "tenant", "worker_id")
+    __slots__ = ("_port", "agent", "attempt", "epoch", "execution_id", "job_id", "log", "mode", "tenant", "worker_id")
 
     def __init__(
         self,
@@ -90,6 +90,7 @@ class Context:
         agent: str,
         tenant: str,
         worker_id: str,
+        mode: str | None = None,
     ) -> None:
         self._port = port
         self.job_id = job_id
@@ -99,6 +100,7 @@ class Context:
         self.agent = agent
         self.tenant = tenant
         self.worker_id = worker_id
+        self.mode = mode  # the mode it runs in (mode_effective) when its agent declares modes=, else None
         self.log = logging.getLogger(f"tenure.agent.{agent}")
 
     async def emit(self, type: str, payload: Any = None) -> None:

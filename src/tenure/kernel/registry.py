@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tenure.contracts.errors import ConfigError
-from tenure.contracts.types import AgentSpec
+from tenure.contracts.types import MULTITASK, AgentSpec
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
 _TAG = re.compile(r"^[A-Za-z0-9_.:/-]{1,64}$")
@@ -61,6 +61,11 @@ class Tenure:
         retry_safe: bool = False,
         priority: int = 0,
         worker_quota: str | None = None,
+        key_limit: int = 1,
+        multitask: str = "enqueue",
+        max_queued: int | None = None,
+        degrade_to: str | None = None,
+        modes: Iterable[str] = (),
     ) -> Callable[[Handler], Handler]:
         """Register the decorated function as an agent.
 
@@ -71,7 +76,14 @@ class Tenure:
         with `ctx.step` (the new attempt gets completed steps' results without running them; docs/journal.md).
         `worker_quota`: a configured global quota (e.g. "gpu-pool") of which a worker must hold a slot before
         it claims a job of this agent; the slot is held for the whole execution (docs/quotas.md).
+        `key_limit`: how many jobs of one concurrency key run at once; `multitask`: what a job of a busy key does
+        by default (enqueue, reject, interrupt, drop_queued). `max_queued`: the most jobs of this agent waiting
+        to start, counted in the store; when full, jobs go to `degrade_to` (another agent) or are refused (429).
+        `modes`: the modes a job may ask for, best first; the handler reads `ctx.mode`.
+        See docs/scheduling.md.
         """
+
+        mode_names = tuple(modes)
 
         def register(fn: Handler) -> Handler:
             agent_name = name or fn.__name__
@@ -83,6 +95,14 @@ class Tenure:
                 raise ConfigError(f"agent {agent_name!r}: max_attempts must be at least 1")
             if timeout is not None and timeout <= 0:
                 raise ConfigError(f"agent {agent_name!r}: timeout must be positive")
+            if key_limit < 1:
+                raise ConfigError(f"agent {agent_name!r}: key_limit must be at least 1")
+            if multitask not in MULTITASK:
+                raise ConfigError(f"agent {agent_name!r}: multitask must be one of {', '.join(MULTITASK)}")
+            if len(set(mode_names)) != len(mode_names) or not all(_NAME.match(m) for m in mode_names):
+                raise ConfigError(f"agent {agent_name!r}: modes must be distinct names")
+            if max_queued is not None and max_queued < 0:
+                raise ConfigError(f"agent {agent_name!r}: max_queued must be at least 0")
             spec = AgentSpec(
                 name=agent_name,
                 max_attempts=max_attempts,
@@ -91,6 +111,11 @@ class Tenure:
                 requires=check_tags(requires, f"agent {agent_name!r}"),
                 priority=priority,
                 worker_quota=worker_quota,
+                key_limit=key_limit,
+                multitask=multitask,
+                max_queued=max_queued,
+                degrade_to=degrade_to,
+                modes=mode_names,
             )
             self._agents[agent_name] = Agent(spec, fn, inspect.iscoroutinefunction(fn))
             return fn

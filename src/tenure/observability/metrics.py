@@ -110,6 +110,11 @@ JOBS_FINISHED = Counter(
     "Jobs reaching a terminal state (agent is empty for jobs the sweeper finished: lost, expired, dead)",
     ["agent", "state"],
 )
+DEGRADED = Counter(
+    "tenure_degraded_total",
+    "Jobs admitted degraded: routed to the agent's fallback or run in a lesser mode (docs/scheduling.md)",
+    ["agent", "reason"],
+)
 RETRIES = Counter("tenure_retries_total", "Executions that failed and were scheduled again", ["agent"])
 JOBS_DEAD = Counter("tenure_jobs_dead_total", "Jobs dead after their last attempt", ["agent"])
 JOBS_LOST = Counter("tenure_jobs_lost_total", "Running jobs whose owner stopped renewing its claim (marked by the sweeper)")

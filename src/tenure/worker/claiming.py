@@ -141,8 +141,8 @@ class ReadyIndexHints:
                 job = await self._store.get_job(d.job_id)
             except StoreUnavailable:
                 continue
-            if job is None or job.state is not JobState.QUEUED or job.owner is not None:
-                acked.append(d)
+            if job is None or job.state is not JobState.QUEUED or job.owner is not None or job.key_wait:
+                acked.append(d)  # (a job waiting for its key's turn is found by the store's claim when its turn comes)
         with contextlib.suppress(StoreUnavailable):
             await self._index.ack(acked)
 
@@ -176,7 +176,9 @@ async def rebuild_ready_index(index: ReadyIndex, store: Store, agents: Sequence[
     before = None
     while True:
         page = await store.list_jobs(JobFilter(state=JobState.QUEUED, before=before, limit=500))
-        hints += [ReadyHint(j.id, j.agent, j.priority) for j in page if j.owner is None and j.agent in agents]
+        hints += [
+            ReadyHint(j.id, j.agent, j.priority) for j in page if j.owner is None and not j.key_wait and j.agent in agents
+        ]
         if len(page) < 500:
             break
         before = page[-1].id

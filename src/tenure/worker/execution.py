@@ -338,6 +338,7 @@ class Execution:
             agent=claim.agent,
             tenant=claim.tenant,
             worker_id=env.worker_id,
+            mode=claim.mode,
         )
         payload = json.loads(claim.input_json)
         handler = asyncio.get_running_loop().create_task(

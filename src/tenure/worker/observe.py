@@ -22,8 +22,9 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 
+from tenure.contracts.reports import StoreHealth
 from tenure.contracts.states import JobState, WorkerState
-from tenure.contracts.types import Claim, JobCounts, Started, StoreHealth, SweepReport, WorkerInfo
+from tenure.contracts.types import Claim, JobCounts, Started, SweepReport, WorkerInfo
 from tenure.kernel.blocking import BlockingAdapter, ProcessAdapter
 from tenure.kernel.lag import LagSampler
 from tenure.observability import metrics as m

@@ -39,8 +39,9 @@ def starts(starts: Sequence[Start]) -> tuple[list[str], list[int], list[int], li
     return (*fences(s.fence for s in ordered), [s.execution_id for s in ordered])
 
 
-def jobs(jobs: Sequence[NewJob]) -> list[list[Any]]:
-    """The columns of `enqueue_jobs` (inserts take no row locks: admission order is kept)."""
+def jobs(jobs: Sequence[NewJob], key_wait: bool = False) -> list[list[Any]]:
+    """The columns of `enqueue_jobs` (inserts take no row locks: admission order is kept). `key_wait`: keyed
+    jobs wait for their key's turn (decided by `_rules.key_plan` under the key's lock, one job at a time)."""
     return columns(
         (
             (
@@ -56,10 +57,17 @@ def jobs(jobs: Sequence[NewJob]) -> list[list[Any]]:
                 j.max_attempts,
                 j.timeout_s,
                 j.retry_safe,
+                j.concurrency_key,
+                j.key_limit,
+                key_wait,
+                j.mode_requested,
+                j.mode_effective,
+                j.degraded_reason,
+                j.fair_step,
             )
             for j in jobs
         ),
-        12,
+        19,
     )
 
 

@@ -39,10 +39,15 @@ async def enqueue_with_budgets(conn: Any, sql: str, columns: list[list[Any]], jo
         return list(await conn.fetch(sql, *columns))
     async with conn.transaction():
         rows = list(await conn.fetch(sql, *columns))
-        inserted = {r["id"] for r in rows}
-        budgets = [(j.id, j.budget_json) for j in jobs if j.budget_json is not None and j.id in inserted]
-        await conn.execute(Q["insert_budgets"], [i for i, _ in budgets], [b for _, b in budgets])
+        await insert_budgets(conn, jobs, {r["id"] for r in rows})
     return rows
+
+
+async def insert_budgets(conn: Any, jobs: Sequence[NewJob], inserted: set[str]) -> None:
+    """The budgets of the jobs of `jobs` the enqueue inserted (`inserted`: their ids), inside its transaction."""
+    budgets = [(j.id, j.budget_json) for j in jobs if j.budget_json is not None and j.id in inserted]
+    if budgets:
+        await conn.execute(Q["insert_budgets"], [i for i, _ in budgets], [b for _, b in budgets])
 
 
 async def edit_input(conn: Any, job_id: str, input_json: str) -> None:

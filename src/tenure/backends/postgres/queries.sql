@@ -7,16 +7,39 @@
 -- When a row was inserted, the statement's transaction commits without waiting for its WAL flush
 -- (synchronous_commit off, set for this transaction only): the jobs and the NOTIFY are visible to workers one
 -- fsync sooner. The caller then runs `flush_barrier` before it reports the jobs as accepted; see there.
-WITH ins AS (
+WITH x AS (
+    SELECT u.*, row_number() OVER (PARTITION BY u.tenant, u.priority ORDER BY u.ord) - 1 AS nth
+      FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::int2[], $6::text[], $7::bytea[],
+                  $8::bytea[], $9::float8[], $10::int4[], $11::float8[], $12::bool[], $13::text[], $14::int4[],
+                  $15::bool[], $16::text[], $17::text[], $18::text[], $19::float8[]) WITH ORDINALITY
+           AS u(id, tenant, agent, input, priority, requires, idem_digest, fingerprint, deadline_s,
+                max_attempts, timeout_s, retry_safe, ckey, key_limit, key_wait, mode_requested, mode_effective,
+                degraded_reason, fair_step, ord)
+), turn AS MATERIALIZED (
+    -- Where each (tenant, priority) of the batch starts its turns (start-time fair queuing): one step after the
+    -- tenant's last turn among the claimable jobs of that priority, but never before the head of the line (a
+    -- tenant that had nothing queued starts at the head). Two index probes per group, not per row: MATERIALIZED,
+    -- or the planner inlines them into the insert's join, once per row, each probe walking back over the index
+    -- entries of the rows this statement inserted before it (invisible to it: O(batch²)).
+    SELECT g.tenant, g.priority, g.fair_step,
+           greatest((SELECT max(t.fair_at) FROM jobs AS t
+                      WHERE t.tenant = g.tenant AND t.priority = g.priority AND t.state = 'queued'
+                        AND t.owner IS NULL AND NOT t.key_wait) + g.fair_step,
+                    coalesce((SELECT h.fair_at FROM jobs AS h
+                               WHERE h.priority = g.priority AND h.state = 'queued' AND h.owner IS NULL
+                                 AND NOT h.key_wait
+                               ORDER BY h.priority DESC, h.fair_at, h.id LIMIT 1), 0)) AS start
+      FROM (SELECT tenant, priority, min(fair_step) AS fair_step FROM x GROUP BY tenant, priority) AS g
+), ins AS (
+    -- fair_at: the batch's jobs of one tenant follow one another from its group's start (nth).
     INSERT INTO jobs (id, tenant, agent, input, priority, requires, idem_digest, request_fingerprint,
-                      deadline, max_attempts, timeout_s, retry_safe)
+                      deadline, max_attempts, timeout_s, retry_safe, concurrency_key, key_limit, key_wait,
+                      mode_requested, mode_effective, degraded_reason, fair_at)
     SELECT x.id, x.tenant, x.agent, x.input::json, x.priority, string_to_array(x.requires, ','),
            x.idem_digest, x.fingerprint, now() + make_interval(secs => x.deadline_s),
-           x.max_attempts, x.timeout_s, x.retry_safe
-      FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::int2[], $6::text[], $7::bytea[],
-                  $8::bytea[], $9::float8[], $10::int4[], $11::float8[], $12::bool[])
-           AS x(id, tenant, agent, input, priority, requires, idem_digest, fingerprint, deadline_s,
-                max_attempts, timeout_s, retry_safe)
+           x.max_attempts, x.timeout_s, x.retry_safe, x.ckey, x.key_limit, x.key_wait, x.mode_requested,
+           x.mode_effective, x.degraded_reason, turn.start + x.nth * turn.fair_step
+      FROM x JOIN turn ON turn.tenant = x.tenant AND turn.priority = x.priority
     ON CONFLICT (tenant, idem_digest) WHERE idem_digest IS NOT NULL DO NOTHING
     RETURNING id::text, tenant, agent, input::text, priority, requires, state, owner, epoch, execution_id::text,
               attempts, max_attempts, timeout_s, retry_safe, result::text, error_code, error_message,
@@ -28,7 +51,8 @@ WITH ins AS (
               extract(epoch FROM next_attempt_at)::float8 AS next_attempt_at,
               extract(epoch FROM deadline)::float8 AS deadline,
               extract(epoch FROM cancel_requested_at)::float8 AS cancel_requested_at,
-              extract(epoch FROM finished_at)::float8 AS finished_at
+              extract(epoch FROM finished_at)::float8 AS finished_at,
+              concurrency_key, key_wait, mode_requested, mode_effective, degraded_reason
 ), wake AS (
     SELECT pg_notify('tenure_jobs', ''), set_config('synchronous_commit', 'off', true)
       FROM (SELECT 1 FROM ins LIMIT 1) AS one
@@ -59,6 +83,7 @@ SELECT id::text, tenant, agent, input::text, priority, requires, state, owner, e
        extract(epoch FROM deadline)::float8 AS deadline,
        extract(epoch FROM cancel_requested_at)::float8 AS cancel_requested_at,
        extract(epoch FROM finished_at)::float8 AS finished_at,
+       concurrency_key, key_wait, mode_requested, mode_effective, degraded_reason,
        idem_digest, request_fingerprint
   FROM jobs WHERE tenant = $1 AND idem_digest = ANY($2::bytea[])
 
@@ -78,7 +103,8 @@ SELECT id::text, tenant, agent, input::text, priority, requires, state, owner, e
        extract(epoch FROM next_attempt_at)::float8 AS next_attempt_at,
        extract(epoch FROM deadline)::float8 AS deadline,
        extract(epoch FROM cancel_requested_at)::float8 AS cancel_requested_at,
-       extract(epoch FROM finished_at)::float8 AS finished_at
+       extract(epoch FROM finished_at)::float8 AS finished_at,
+       concurrency_key, key_wait, mode_requested, mode_effective, degraded_reason
   FROM jobs WHERE id = $1::uuid AND ($2::text IS NULL OR tenant = $2)
 
 -- name: list_jobs --
@@ -93,7 +119,8 @@ SELECT id::text, tenant, agent, input::text, priority, requires, state, owner, e
        extract(epoch FROM next_attempt_at)::float8 AS next_attempt_at,
        extract(epoch FROM deadline)::float8 AS deadline,
        extract(epoch FROM cancel_requested_at)::float8 AS cancel_requested_at,
-       extract(epoch FROM finished_at)::float8 AS finished_at
+       extract(epoch FROM finished_at)::float8 AS finished_at,
+       concurrency_key, key_wait, mode_requested, mode_effective, degraded_reason
   FROM jobs
  WHERE ($1::text IS NULL OR tenant = $1) AND ($2::text IS NULL OR state = $2)
    AND ($3::text IS NULL OR agent = $3) AND ($4::uuid IS NULL OR id < $4::uuid)
@@ -109,10 +136,10 @@ SELECT id::text, tenant, agent, input::text, priority, requires, state, owner, e
 -- visible here, so it is simply not claimed this time (the claim returns fewer rows; nothing else changes).
 WITH candidates AS (
     SELECT id, ctid FROM jobs
-     WHERE state = 'queued' AND owner IS NULL
+     WHERE state = 'queued' AND owner IS NULL AND NOT key_wait
        AND agent = ANY($2::text[]) AND requires <@ $3::text[]
        AND (deadline IS NULL OR deadline > now())
-     ORDER BY priority DESC, id
+     ORDER BY priority DESC, fair_at, id
      LIMIT $4
        FOR UPDATE SKIP LOCKED
 )
@@ -121,11 +148,11 @@ UPDATE jobs AS j
        epoch = j.epoch + 1, token = $6, updated_at = now()
   FROM candidates AS c
  WHERE j.ctid = c.ctid AND j.id = c.id
-   AND j.state = 'queued' AND j.owner IS NULL AND j.claimed_at IS NULL
+   AND j.state = 'queued' AND j.owner IS NULL AND NOT j.key_wait AND j.claimed_at IS NULL
    AND j.execution_id IS NULL AND j.execution_started_at IS NULL
 RETURNING j.id::text AS id, j.epoch, j.agent, j.input::text AS input, j.attempts, j.max_attempts, j.timeout_s,
           j.retry_safe, j.tenant, extract(epoch FROM j.created_at)::float8 AS created_at,
-          extract(epoch FROM j.claimed_at)::float8 AS claimed_at
+          extract(epoch FROM j.claimed_at)::float8 AS claimed_at, j.mode_effective AS mode
 
 -- name: start_executions --
 -- The start CAS, batched: owner, epoch and token must match an unstarted claim; appends execution.started (seq 1).
@@ -164,7 +191,7 @@ CREATE OR REPLACE FUNCTION pg_temp.tenure_claim_start(
     p_worker text, p_agents text[], p_caps text[], p_limit int4, p_ttl float8, p_token int8, p_executions uuid[]
 ) RETURNS TABLE (o_id uuid, o_epoch int4, o_execution_id uuid, o_attempts int4, o_started_at timestamptz,
                  o_agent text, o_input text, o_max_attempts int4, o_timeout_s float8, o_retry_safe bool,
-                 o_tenant text, o_created_at float8, o_claimed_at float8)
+                 o_tenant text, o_created_at float8, o_claimed_at float8, o_mode text)
 LANGUAGE plpgsql AS $fn$
 DECLARE
     c_ids uuid[];
@@ -174,10 +201,10 @@ BEGIN
     -- The claim CAS (claim_jobs).
     WITH candidates AS (
         SELECT id, ctid FROM jobs
-         WHERE state = 'queued' AND owner IS NULL
+         WHERE state = 'queued' AND owner IS NULL AND NOT key_wait
            AND agent = ANY(p_agents) AND requires <@ p_caps
            AND (deadline IS NULL OR deadline > now())
-         ORDER BY priority DESC, id
+         ORDER BY priority DESC, fair_at, id
          LIMIT p_limit
            FOR UPDATE SKIP LOCKED
     ), claimed AS (
@@ -186,7 +213,7 @@ BEGIN
                epoch = j.epoch + 1, token = p_token, updated_at = now()
           FROM candidates AS c
          WHERE j.ctid = c.ctid AND j.id = c.id
-           AND j.state = 'queued' AND j.owner IS NULL AND j.claimed_at IS NULL
+           AND j.state = 'queued' AND j.owner IS NULL AND NOT j.key_wait AND j.claimed_at IS NULL
            AND j.execution_id IS NULL AND j.execution_started_at IS NULL
         RETURNING j.id, j.epoch
     )
@@ -210,7 +237,7 @@ BEGIN
            AND j.epoch = x.epoch AND j.token = x.token AND j.execution_id IS NULL AND j.execution_started_at IS NULL
         RETURNING j.id, j.epoch, j.execution_id, j.attempts, j.execution_started_at, j.agent, j.input::text,
                   j.max_attempts, j.timeout_s, j.retry_safe, j.tenant, extract(epoch FROM j.created_at)::float8,
-                  extract(epoch FROM j.claimed_at)::float8
+                  extract(epoch FROM j.claimed_at)::float8, j.mode_effective
     )
     SELECT * FROM s;
 END
@@ -221,7 +248,7 @@ $fn$
 WITH s AS (
     SELECT o_id AS id, o_epoch AS epoch, o_execution_id AS execution_id, o_attempts AS attempts,
            o_started_at AS execution_started_at, o_agent, o_input, o_max_attempts, o_timeout_s, o_retry_safe,
-           o_tenant, o_created_at, o_claimed_at
+           o_tenant, o_created_at, o_claimed_at, o_mode
       FROM pg_temp.tenure_claim_start($1, $2::text[], $3::text[], $4, $5, $6, $7::uuid[])
 ), ev AS (
     INSERT INTO events (job_id, epoch, seq, execution_id, type, payload, ts)
@@ -234,7 +261,7 @@ WITH s AS (
 )
 SELECT id::text AS id, epoch, o_agent AS agent, o_input AS input, attempts, o_max_attempts AS max_attempts,
        o_timeout_s AS timeout_s, o_retry_safe AS retry_safe, o_tenant AS tenant, o_created_at AS created_at,
-       o_claimed_at AS claimed_at, execution_id::text AS execution_id,
+       o_claimed_at AS claimed_at, o_mode AS mode, execution_id::text AS execution_id,
        extract(epoch FROM execution_started_at)::float8 AS started_at, (SELECT count(*) FROM wake) AS woke
   FROM s
 
@@ -264,7 +291,7 @@ WITH x AS (
       FROM x
      WHERE j.id = x.job_id AND j.execution_id = x.execution_id AND j.epoch = x.epoch AND j.token = x.token
        AND j.state IN ('running', 'waiting')
-    RETURNING j.id, j.next_attempt_at, j.agent
+    RETURNING j.id, j.next_attempt_at, j.agent, j.tenant, j.state, j.concurrency_key
 ), ev AS (
     INSERT INTO events (job_id, epoch, seq, execution_id, type, payload)
     SELECT x.job_id, x.epoch, x.seq, x.execution_id, x.event_type,
@@ -284,7 +311,9 @@ WITH x AS (
 ), wake AS (
     SELECT tenure_notify_appended(json_agg(ev)) FROM ev HAVING count(*) > 0
 )
-SELECT id::text AS id, (SELECT count(*) FROM wake) AS woke FROM f
+SELECT id::text AS id, (SELECT count(*) FROM wake) AS woke, tenant,
+       CASE WHEN state <> 'scheduled' THEN concurrency_key END AS passes_key
+  FROM f
 
 -- name: append_events --
 -- Fenced append, batched: each event is written only while its (job, epoch, token) owns a running or waiting
@@ -407,14 +436,15 @@ SELECT id::text, job_id::text, epoch, worker_id, extract(epoch FROM started_at):
   FROM executions WHERE job_id = $1::uuid ORDER BY epoch
 
 -- name: requeue_job --
--- Put a terminal job back in the queue with fresh attempts; appends its event ($4, $5: _rules.REQUEUED_EVENT)
+-- Put a terminal job back in the queue with fresh attempts (a keyed one waits for its key's turn again: the store
+-- then passes the turn, backends/postgres/keys.py); appends its event ($4, $5: _rules.requeued_event)
 -- after its last one.
 WITH u AS (
     UPDATE jobs
        SET state = 'queued', attempts = 0, owner = NULL, claimed_at = NULL, claim_expires_at = NULL,
            token = NULL, execution_id = NULL, execution_started_at = NULL, next_attempt_at = NULL,
            cancel_requested_at = NULL, result = NULL, error_code = NULL, error_message = NULL,
-           finished_at = NULL, deadline = NULL, updated_at = now()
+           finished_at = NULL, deadline = NULL, key_wait = concurrency_key IS NOT NULL, updated_at = now()
      WHERE id = $1::uuid AND ($2::text IS NULL OR tenant = $2) AND state = ANY($3::text[])
     RETURNING id, epoch
 ), ev AS (
@@ -685,6 +715,84 @@ ON CONFLICT (id) DO UPDATE SET expires_at = EXCLUDED.expires_at
 -- name: event_listener_leave --
 -- This store stops listening (closed): writers stop notifying once no other listener's lease runs.
 DELETE FROM event_listeners WHERE id = $1
+
+-- Concurrency keys (backends/postgres/keys.py; the decisions are _rules.key_plan and _rules.key_promotions).
+
+-- name: key_lock --
+-- Serialise every decision about one key (tenant $1, key $2) until the end of the transaction.
+SELECT pg_advisory_xact_lock(hashtextextended('tenure_key:' || $1 || '|' || $2, 0))
+
+-- name: cap_lock --
+-- Serialise the count and the insert of jobs of one capped agent (max_queued; $1 is 'agent|mode', the mode empty for
+-- an agent without modes) until the end of the transaction.
+SELECT pg_advisory_xact_lock(hashtextextended('tenure_cap:' || $1, 0))
+
+-- name: key_live --
+-- The live jobs of a key, oldest first (jobs_keyed), read under the key's lock.
+SELECT id::text AS id, state, key_wait, key_limit, state IN ('running', 'waiting') AS started
+  FROM jobs
+ WHERE tenant = $1 AND concurrency_key = $2 AND state IN ('queued', 'scheduled', 'running', 'waiting')
+ ORDER BY id
+
+-- name: key_promote --
+-- Give these waiting jobs their key's turn (they become claimable); wakes workers.
+WITH u AS (
+    UPDATE jobs SET key_wait = false, updated_at = now()
+     WHERE id = ANY($1::uuid[]) AND key_wait AND state = 'queued'
+    RETURNING id
+), wake AS (
+    SELECT pg_notify('tenure_jobs', '') FROM (SELECT 1 FROM u LIMIT 1) AS one
+)
+SELECT id::text, (SELECT count(*) FROM wake) AS woke FROM u
+
+-- name: key_drop --
+-- Cancel a not-yet-started job of a key that a drop_queued job replaces ($2: the reason; $3, $4: the event,
+-- _rules.DROPPED_EVENT); a claim it had is void, as in cancel_job.
+WITH d AS (
+    UPDATE jobs
+       SET state = 'cancelled', cancel_requested_at = coalesce(cancel_requested_at, now()), finished_at = now(),
+           updated_at = now(), error_code = 'replaced', error_message = $2, next_attempt_at = NULL, owner = NULL,
+           claim_expires_at = NULL
+     WHERE id = $1::uuid AND ((state = 'queued' AND execution_id IS NULL) OR state = 'scheduled')
+    RETURNING id, epoch
+)
+INSERT INTO events (job_id, epoch, seq, type, payload)
+SELECT d.id, d.epoch,
+       COALESCE((SELECT max(e.seq) FROM events AS e WHERE e.job_id = d.id AND e.epoch = d.epoch), 0) + 1, $3, $4::json
+  FROM d
+
+-- name: key_of_job --
+-- A job's tenant and concurrency key (after a cancel: whose key's turn may pass).
+SELECT tenant, concurrency_key FROM jobs WHERE id = $1::uuid AND concurrency_key IS NOT NULL
+
+-- name: key_stalled --
+-- Keys with a waiting job and a free turn (a holder ended and its turn was not passed on: the process died
+-- between its finish and the pass, or the holder was swept, expired or cancelled). The sweeper passes them.
+SELECT DISTINCT w.tenant, w.concurrency_key
+  FROM jobs AS w
+ WHERE w.key_wait AND w.state = 'queued'
+   AND (SELECT count(*) FROM jobs AS h
+         WHERE h.tenant = w.tenant AND h.concurrency_key = w.concurrency_key AND NOT h.key_wait
+           AND h.state IN ('queued', 'scheduled', 'running', 'waiting')) < w.key_limit
+ LIMIT 100
+
+-- name: queued_of_agent --
+-- Jobs of agent $1 waiting to start (queued or scheduled; jobs_waiting_agent), of effective mode $2 when given.
+SELECT count(*) FROM jobs
+ WHERE agent = $1 AND state IN ('queued', 'scheduled') AND ($2::text IS NULL OR mode_effective = $2)
+
+-- name: waiting_job --
+-- A queued, unowned job's place: its priority and turn, its key and whether it waits for the key's turn.
+SELECT id::text AS id, priority, fair_at, tenant, concurrency_key, key_wait FROM jobs
+ WHERE id = $1::uuid AND state = 'queued' AND owner IS NULL
+
+-- name: jobs_ahead --
+-- Claimable jobs before ($1 id, $2 priority, $4 turn) in claim order (the head of jobs_ready), counted up to $3.
+SELECT count(*) FROM (
+    SELECT 1 FROM jobs
+     WHERE state = 'queued' AND owner IS NULL AND NOT key_wait
+       AND (priority > $2 OR (priority = $2 AND (fair_at, id) < ($4, $1::uuid)))
+     LIMIT $3) AS ahead
 
 -- name: health_xmin_horizon --
 -- The oldest transaction holding back vacuum of this database: a session's snapshot or transaction (in this

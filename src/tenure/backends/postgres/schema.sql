@@ -31,12 +31,24 @@ CREATE TABLE jobs (
     error_message        text,
     created_at           timestamptz NOT NULL DEFAULT now(),
     updated_at           timestamptz NOT NULL DEFAULT now(),
-    finished_at          timestamptz
+    finished_at          timestamptz,
+    -- Scheduling (docs/scheduling.md): a keyed job holds one of its key's turns or waits for one (key_wait).
+    concurrency_key      text,
+    key_limit            integer NOT NULL DEFAULT 1,
+    key_wait             boolean NOT NULL DEFAULT false,
+    mode_requested       text,
+    mode_effective       text,
+    degraded_reason      text,
+    fair_at              double precision NOT NULL DEFAULT 0
 );
 -- The idempotency answer lives on the job itself: one row per (tenant, key digest).
 CREATE UNIQUE INDEX jobs_idem ON jobs (tenant, idem_digest) WHERE idem_digest IS NOT NULL;
--- Claimable jobs, in claim order. Also scanned by the sweeper for queue deadlines.
-CREATE INDEX jobs_ready ON jobs (priority DESC, id) WHERE state = 'queued' AND owner IS NULL;
+-- Claimable jobs, in claim order (a job waiting for its key's turn is not one). Also scanned by the sweeper for
+-- queue deadlines. Which index serves which filter of the claim: docs/durable-jobs.md.
+CREATE INDEX jobs_ready ON jobs (priority DESC, fair_at, id) WHERE state = 'queued' AND owner IS NULL AND NOT key_wait;
+-- A tenant's last turn per priority: where its next job's turn starts (fair shares, docs/scheduling.md).
+CREATE INDEX jobs_tenant_turn ON jobs (tenant, priority, fair_at)
+    WHERE state = 'queued' AND owner IS NULL AND NOT key_wait;
 -- Owned jobs by claim expiry: what the sweeper checks for dead owners.
 CREATE INDEX jobs_owned ON jobs (claim_expires_at) WHERE owner IS NOT NULL;
 -- Jobs waiting out a retry backoff.
@@ -261,6 +273,13 @@ CREATE INDEX jobs_tenant_id ON jobs (tenant, id);
 CREATE INDEX jobs_state_id ON jobs (state, id);
 CREATE INDEX jobs_tenant_state_id ON jobs (tenant, state, id);
 CREATE INDEX jobs_finished ON jobs (finished_at) INCLUDE (state, tenant) WHERE finished_at IS NOT NULL;
+
+-- Scheduling (docs/scheduling.md): the live jobs of a concurrency key (what the key's lock holder reads), the
+-- jobs waiting for their key's turn (the sweeper's check for a turn never passed on), the per-agent admission cap.
+CREATE INDEX jobs_keyed ON jobs (tenant, concurrency_key, id)
+    WHERE concurrency_key IS NOT NULL AND state IN ('queued', 'scheduled', 'running', 'waiting');
+CREATE INDEX jobs_key_waiting ON jobs (tenant, concurrency_key, id) WHERE key_wait AND state = 'queued';
+CREATE INDEX jobs_waiting_agent ON jobs (agent) WHERE state IN ('queued', 'scheduled');
 
 -- The audit chain and the effect journal (docs/audit.md, docs/journal.md).
 -- One audit per job across its attempts: an execution's records sit under its epoch, in its own seq order.

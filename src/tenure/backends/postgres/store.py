@@ -20,11 +20,12 @@ import asyncpg
 
 from tenure.backends import _rows, _rules
 from tenure.backends._queries import load_migrations, load_queries
-from tenure.backends.postgres import _batches, _registry
+from tenure.backends.postgres import _batches, _registry, keys
 from tenure.backends.postgres._connections import StoreConnections
 from tenure.backends.postgres.audit import AuditWrites, edit_input, enqueue_with_budgets
 from tenure.contracts.errors import IllegalTransition, NotFound, StoreUnavailable
 from tenure.contracts.profile import WorkerRecord
+from tenure.contracts.reports import StoreHealth
 from tenure.contracts.states import REQUEUEABLE, JobState, WorkerState
 from tenure.contracts.store import JobStore
 from tenure.contracts.types import (
@@ -46,7 +47,6 @@ from tenure.contracts.types import (
     NewJob,
     Start,
     Started,
-    StoreHealth,
     SweepReport,
     check_replay,
     is_uuid,
@@ -69,7 +69,7 @@ def _session_settings(notify: bool) -> dict[str, str]:
     return {} if notify else {"tenure.notify_events": "off"}
 
 
-class PostgresStore(AuditWrites, _registry.RegistryOps):
+class PostgresStore(keys.SchedulingReads, AuditWrites, _registry.RegistryOps):
     """The Tenure job store on PostgreSQL. Create with `await PostgresStore.connect(url)`."""
 
     dialect = "postgres"
@@ -162,6 +162,8 @@ class PostgresStore(AuditWrites, _registry.RegistryOps):
     async def enqueue(self, jobs: Sequence[NewJob]) -> list[Enqueued]:
         if not jobs:
             return []
+        if any(keys.locked(j) for j in jobs):
+            return await keys.enqueue_mixed(self._db, jobs, self._notify)
         async with self._db.pooled("enqueue") as conn:
             rows = await enqueue_with_budgets(conn, Q["enqueue_jobs"], _batches.jobs(jobs), jobs)
             created = {r["id"]: _rows.job(r) for r in rows}
@@ -222,6 +224,10 @@ class PostgresStore(AuditWrites, _registry.RegistryOps):
             job = await conn.fetchrow(Q["get_job"], job_id, tenant)
             if row is not None:
                 await self._events_changed(conn, [job_id])
+        if row is not None and job is not None and job["concurrency_key"] is not None:
+            async with self._db.pooled("requeue_key") as conn:
+                await keys.pass_turns(conn, [(job["tenant"], job["concurrency_key"])])
+                job = await conn.fetchrow(Q["get_job"], job_id, tenant)
         if job is None:
             raise NotFound(f"no job {job_id}")
         if row is None:
@@ -291,6 +297,9 @@ class PostgresStore(AuditWrites, _registry.RegistryOps):
             return []
         async with self._db.pooled("finish") as conn:
             rows = await conn.fetch(Q["finish_executions"], *_batches.finishes(finishes), worker_id)
+            ended = [(r["tenant"], r["passes_key"]) for r in rows if r["passes_key"] is not None]
+            if ended:  # their keys' turns pass on (a crash before this: the sweeper passes them)
+                await keys.pass_turns(conn, ended)
         return [r["id"] for r in rows]
 
     async def append_events(self, events: Sequence[NewEvent]) -> set[str]:
@@ -378,6 +387,7 @@ class PostgresStore(AuditWrites, _registry.RegistryOps):
             report.expired = [r["id"] for r in await conn.fetch(Q["sweep_expire"], expired.type, expired.payload_json)]
             report.due = [r["id"] for r in await conn.fetch(Q["sweep_due"])]
             report.workers_gone = [r["id"] for r in await conn.fetch(Q["sweep_workers_gone"], worker_ttl_s)]
+            report.due += await keys.pass_stalled(conn)  # claimable now, like jobs due again
             changed = report.lost + report.requeued + report.dead + report.expired
             if changed:  # their histories grew (job.lost, job.expired...): one NOTIFY for the sweep
                 await self._events_changed(conn, changed)
@@ -433,6 +443,9 @@ class PostgresStore(AuditWrites, _registry.RegistryOps):
                 await self._events_changed(conn, [job_id])
             elif outcome == "requested":  # the owner's fast path; its heartbeat reply is the floor
                 await self._control_sent(conn, job_id)
+        if outcome == "accepted":
+            async with self._db.pooled("cancel_key") as conn:
+                await keys.pass_after_cancel(conn, job_id)
         return ControlOutcome.UNKNOWN if outcome is None else ControlOutcome(outcome)
 
     async def send_command(self, job_id: str, tenant: str | None, kind: str, payload_json: str) -> ControlOutcome:

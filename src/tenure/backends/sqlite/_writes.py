@@ -9,6 +9,7 @@ import sqlite3
 from collections.abc import Sequence
 
 from tenure.backends import _rows, _rules
+from tenure.backends.sqlite import keys
 from tenure.backends.sqlite._connection import Q
 from tenure.contracts.types import Claim, Finish, Start, Started, new_id, new_token
 
@@ -44,6 +45,8 @@ def finish_in(db: sqlite3.Connection, worker_id: str, finishes: Sequence[Finish]
         )
         if effects.counts_in_circuit:
             db.execute(Q["circuit_record_job_timeout"], (f.job_id,))
+        if row["passes_key"] is not None:  # its key's turn passes on, in this transaction
+            keys.pass_turns(db, [(row["tenant"], row["passes_key"])])
         done.append(f.job_id)
     return done
 

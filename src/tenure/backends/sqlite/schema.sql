@@ -32,9 +32,11 @@ CREATE TABLE jobs (
     created_at           REAL NOT NULL,
     updated_at           REAL NOT NULL,
     finished_at          REAL
-) WITHOUT ROWID;
+, concurrency_key TEXT, key_limit INTEGER NOT NULL DEFAULT 1, key_wait INTEGER NOT NULL DEFAULT 0, mode_requested TEXT, mode_effective TEXT, degraded_reason TEXT, fair_at REAL NOT NULL DEFAULT 0) WITHOUT ROWID;
 CREATE UNIQUE INDEX jobs_idem ON jobs (tenant, idem_digest) WHERE idem_digest IS NOT NULL;
-CREATE INDEX jobs_ready ON jobs (priority DESC, id) WHERE state = 'queued' AND owner IS NULL;
+-- (the columns after finished_at were added by migration 0006, whose ALTER TABLE wrote them on one line)
+CREATE INDEX jobs_ready ON jobs (priority DESC, fair_at, id) WHERE state = 'queued' AND owner IS NULL AND key_wait = 0;
+CREATE INDEX jobs_tenant_turn ON jobs (tenant, priority, fair_at) WHERE state = 'queued' AND owner IS NULL AND key_wait = 0;
 CREATE INDEX jobs_owned ON jobs (claim_expires_at) WHERE owner IS NOT NULL;
 CREATE INDEX jobs_scheduled ON jobs (next_attempt_at) WHERE state = 'scheduled';
 
@@ -112,6 +114,13 @@ CREATE INDEX jobs_tenant_id ON jobs (tenant, id);
 CREATE INDEX jobs_state_id ON jobs (state, id);
 CREATE INDEX jobs_tenant_state_id ON jobs (tenant, state, id);
 CREATE INDEX jobs_finished ON jobs (finished_at, state, tenant) WHERE finished_at IS NOT NULL;
+
+-- Scheduling (docs/scheduling.md): the live jobs of a concurrency key, the jobs waiting for their key's turn, and
+-- the per-agent admission cap.
+CREATE INDEX jobs_keyed ON jobs (tenant, concurrency_key, id)
+    WHERE concurrency_key IS NOT NULL AND state IN ('queued', 'scheduled', 'running', 'waiting');
+CREATE INDEX jobs_key_waiting ON jobs (tenant, concurrency_key, id) WHERE key_wait = 1 AND state = 'queued';
+CREATE INDEX jobs_waiting_agent ON jobs (agent) WHERE state IN ('queued', 'scheduled');
 
 -- One audit per job across its attempts: an execution's records sit under its epoch, in its own seq order.
 -- kind: tool_call (name: the tool), evidence (name: its kind), usage (name: the model or ''), and requeue

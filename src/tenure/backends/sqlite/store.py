@@ -15,12 +15,14 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from tenure.backends import _rows, _rules
 from tenure.backends._queries import load_migrations
+from tenure.backends.sqlite import keys
 from tenure.backends.sqlite._connection import NOW, Q, SqliteConnection, split_sql
 from tenure.backends.sqlite._registry import RegistryOps
 from tenure.backends.sqlite._writes import claim_and_start_in, finish_in, start_in
 from tenure.backends.sqlite.audit import AuditWrites, edit_input, insert_budget
 from tenure.contracts.errors import IllegalTransition, NotFound
 from tenure.contracts.profile import WorkerRecord
+from tenure.contracts.reports import StoreHealth
 from tenure.contracts.states import REQUEUEABLE, JobState, WorkerState
 from tenure.contracts.store import JobStore, OffloadStats
 from tenure.contracts.types import (
@@ -42,7 +44,6 @@ from tenure.contracts.types import (
     NewJob,
     Start,
     Started,
-    StoreHealth,
     SweepReport,
     WorkerInfo,
     check_replay,
@@ -54,7 +55,7 @@ _REQUEUEABLE = json.dumps(sorted(s.value for s in REQUEUEABLE))
 T = TypeVar("T")
 
 
-class SqliteStore(AuditWrites, RegistryOps):
+class SqliteStore(keys.SchedulingReads, AuditWrites, RegistryOps):
     """The Tenure job store on one SQLite file. Create with `await SqliteStore.connect(url)`."""
 
     dialect = "sqlite"
@@ -139,6 +140,13 @@ class SqliteStore(AuditWrites, RegistryOps):
         def fn(db: sqlite3.Connection) -> list[Enqueued]:
             out = []
             for j in jobs:
+                plan = None
+                if j.queue_cap is not None:  # the write lock makes the count and the insert one step
+                    waiting = int(db.execute(Q["queued_of_agent"], (j.agent, j.queue_cap_mode)).fetchone()["n"])
+                    _rules.check_queue_cap(j.id, j.agent, j.queue_cap, waiting)
+                if j.concurrency_key is not None:  # a replay answers its original job and changes nothing
+                    found = db.execute(Q["jobs_by_idem"], (j.tenant, j.idem_digest)).fetchone()
+                    plan = None if found is not None else keys.plan(db, j)
                 cur = db.execute(
                     Q["insert_job"],
                     (
@@ -154,13 +162,21 @@ class SqliteStore(AuditWrites, RegistryOps):
                         j.max_attempts,
                         j.timeout_s,
                         int(j.retry_safe),
+                        j.concurrency_key,
+                        j.key_limit,
+                        int(plan is not None and plan.wait),
+                        j.mode_requested,
+                        j.mode_effective,
+                        j.degraded_reason,
+                        j.fair_step,
                     ),
                 )
                 row = cur.fetchone()
                 if row is not None:
                     if j.budget_json is not None:
                         insert_budget(db, j.id, j.budget_json)
-                    out.append(Enqueued(_rows.job(row, _rows.comma_list), True))
+                    flagged = () if plan is None else keys.apply(db, j, plan)
+                    out.append(Enqueued(_rows.job(row, _rows.comma_list), True, flagged))
                     continue
                 found = db.execute(Q["jobs_by_idem"], (j.tenant, j.idem_digest)).fetchone()
                 check_replay(found["id"], found["request_fingerprint"], j.request_fingerprint)
@@ -186,6 +202,8 @@ class SqliteStore(AuditWrites, RegistryOps):
                     edit_input(db, job_id, input_json)
                 ev = _rules.requeued_event(input_json is not None)
                 db.execute(Q["insert_event_next"], (job_id, row["epoch"], None, ev.type, ev.payload_json))
+                if row["concurrency_key"] is not None:
+                    keys.pass_turns(db, [(row["tenant"], row["concurrency_key"])])
             job = db.execute(Q["get_job"], (job_id, tenant)).fetchone()
             if job is None:
                 raise NotFound(f"no job {job_id}")
@@ -379,6 +397,7 @@ class SqliteStore(AuditWrites, RegistryOps):
                 report.expired.append(r["id"])
             report.due = [r["id"] for r in db.execute(Q["sweep_due"]).fetchall()]
             report.workers_gone = [r["id"] for r in db.execute(Q["sweep_workers_gone"], (worker_ttl_s,)).fetchall()]
+            report.due += keys.pass_stalled(db)  # claimable now, like jobs due again
             return report
 
         return await self._write(fn, "sweep")
@@ -431,6 +450,8 @@ class SqliteStore(AuditWrites, RegistryOps):
             if row is not None:
                 ev = _rules.CANCELLED_EVENT
                 db.execute(Q["insert_event_next"], (job_id, row["epoch"], None, ev.type, ev.payload_json))
+                if row["concurrency_key"] is not None:
+                    keys.pass_turns(db, [(row["tenant"], row["concurrency_key"])])
                 return ControlOutcome.ACCEPTED
             if db.execute(Q["cancel_request"], (job_id, tenant)).fetchone() is not None:
                 return ControlOutcome.REQUESTED
