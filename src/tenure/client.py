@@ -24,8 +24,9 @@ import httpx
 from tenure.contracts.errors import InvalidRequest, TenureError
 from tenure.contracts.states import JobState
 from tenure.contracts.types import ControlOutcome, Event, Job
-from tenure.control.admission import MAX_JSON_DEPTH, Admitted
+from tenure.control.admission import Admitted
 from tenure.control.jobs import JobRef, JobsClient, ref_id
+from tenure.control.json_input import MAX_JSON_DEPTH
 from tenure.control.models import event_from_wire, job_from_wire
 
 TERMINAL_EVENTS = frozenset({"job.succeeded", "job.failed", "job.cancelled", "job.lost", "job.expired", "job.dead"})

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from schemathesis.core import NotSet
 from websockets.sync.client import connect
 
-from tenure.control.admission import MAX_JSON_DEPTH
+from tenure.control.json_input import MAX_JSON_DEPTH
 from tests.acceptance.up import KEYS, Up
 
 pytestmark = pytest.mark.slow

@@ -6,16 +6,8 @@ import pytest
 
 from tenure.contracts.errors import InputTooLarge, InvalidRequest, UnknownAgent
 from tenure.contracts.types import AgentSpec
-from tenure.control.admission import (
-    ENVELOPE_DEPTH,
-    Admission,
-    AdmissionLimits,
-    InvalidJSON,
-    JobRequest,
-    idem_digest,
-    nesting_exceeds,
-    parse_json,
-)
+from tenure.control.admission import Admission, AdmissionLimits, JobRequest, idem_digest
+from tenure.control.json_input import ENVELOPE_DEPTH, InvalidJSON, nesting_exceeds, parse_json
 
 AGENTS = {"echo": AgentSpec("echo", max_attempts=4, requires=frozenset({"cpu"}), timeout_s=9.0)}
 

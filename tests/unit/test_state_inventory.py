@@ -97,7 +97,7 @@ ALLOWED: dict[str, str] = {
     "tenure.backends.postgres.channel._SETTINGS": CONSTANT,
     "tenure.contracts.states.TRANSITIONS": CONSTANT,
     "tenure.control.admission.Admission.agents": CONSTANT,
-    "tenure.control.admission._CONTAINERS": CONSTANT,
+    "tenure.control.json_input._CONTAINERS": CONSTANT,
     "tenure.control.quotas.QuotaManager.specs": CONSTANT,
     "tenure.gateway.openapi._COMMON": CONSTANT,
     "tenure.gateway.openapi._COMMAND": CONSTANT,

@@ -25,12 +25,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from tenure.contracts.audit import AuditRecord, BudgetUse, StepRecord, StoredRecord
 from tenure.contracts.profile import WorkerRecord
-from tenure.contracts.reports import StoreHealth, WaitingInfo
+from tenure.contracts.reports import AdmissionState, CircuitState, StoreHealth, WaitingInfo
 from tenure.contracts.states import WorkerState
 from tenure.contracts.store import JobStore, OffloadStats, Signals
 from tenure.contracts.types import (
-    AdmissionState,
-    CircuitState,
     Claim,
     Command,
     ControlOutcome,

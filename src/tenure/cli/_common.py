@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from tenure.contracts.errors import InvalidRequest
 from tenure.contracts.types import Event, Job
-from tenure.control.admission import parse_json
+from tenure.control.json_input import parse_json
 from tenure.local import LocalClient, connect
 from tenure.observability.logs import setup_logging
 from tenure.settings import Settings

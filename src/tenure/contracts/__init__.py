@@ -26,12 +26,11 @@ from tenure.contracts.errors import (
     TenureError,
     UnknownAgent,
 )
+from tenure.contracts.reports import AdmissionState, CircuitState
 from tenure.contracts.states import TERMINAL, JobState, WorkerState, check_transition
 from tenure.contracts.store import Backends, JobStore, LeaseRef, Leases, Signals, Store
 from tenure.contracts.types import (
-    AdmissionState,
     AgentSpec,
-    CircuitState,
     Claim,
     Command,
     ControlOutcome,

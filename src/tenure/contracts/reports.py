@@ -1,6 +1,6 @@
 """What the store reports about its own state, beside the jobs it holds: why a queued job waits
-(`JobStore.waiting_info`, docs/scheduling.md) and what holds the store back (`JobStore.health`,
-docs/operations.md)."""
+(`JobStore.waiting_info`, docs/scheduling.md), what holds the store back (`JobStore.health`, docs/operations.md),
+and what admission's gate reads (`JobStore.admission_state`, `circuit_state`)."""
 
 from __future__ import annotations
 
@@ -33,3 +33,31 @@ class StoreHealth:
     dead_tuples: Mapping[str, int]
     live_tuples: Mapping[str, int]
     table_bytes: Mapping[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class CircuitState:
+    """A circuit breaker's window as the store counts it: failures within the window, and seconds the circuit
+    stays open (0 when closed)."""
+
+    failures: int
+    open_for_s: float
+
+    @classmethod
+    def from_window(cls, failures: int, latest: float | None, now: float, threshold: int, open_s: float) -> CircuitState:
+        """The state of a window of `failures`, the latest at `latest`, read at `now` (the store's clock): open
+        for `open_s` after the failure that brought the count to `threshold` or more."""
+        open_for = 0.0
+        if failures >= threshold and latest is not None:
+            open_for = max(0.0, latest + open_s - now)
+        return cls(int(failures), open_for)
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionState:
+    """What admission's gate reads in one round trip before it admits: jobs waiting to start (queued or
+    scheduled) in all and of one tenant, and the circuit of the agent asked for."""
+
+    queued: int
+    queued_tenant: int
+    circuit: CircuitState

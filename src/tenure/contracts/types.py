@@ -472,31 +472,3 @@ class EventNotice:
 
     job_ids: frozenset[str] | None
     events: tuple[Event, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class CircuitState:
-    """A circuit breaker's window as the store counts it: failures within the window, and seconds the circuit
-    stays open (0 when closed)."""
-
-    failures: int
-    open_for_s: float
-
-    @classmethod
-    def from_window(cls, failures: int, latest: float | None, now: float, threshold: int, open_s: float) -> CircuitState:
-        """The state of a window of `failures`, the latest at `latest`, read at `now` (the store's clock): open
-        for `open_s` after the failure that brought the count to `threshold` or more."""
-        open_for = 0.0
-        if failures >= threshold and latest is not None:
-            open_for = max(0.0, latest + open_s - now)
-        return cls(int(failures), open_for)
-
-
-@dataclass(frozen=True, slots=True)
-class AdmissionState:
-    """What admission's gate reads in one round trip before it admits: jobs waiting to start (queued or
-    scheduled) in all and of one tenant, and the circuit of the agent asked for."""
-
-    queued: int
-    queued_tenant: int
-    circuit: CircuitState

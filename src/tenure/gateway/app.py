@@ -36,10 +36,11 @@ from tenure.contracts.states import JobState
 from tenure.contracts.store import Backends
 from tenure.contracts.text import dumps
 from tenure.contracts.types import AgentSpec, ControlOutcome, Job, JobFilter, is_uuid
-from tenure.control.admission import ENVELOPE_DEPTH, Admission, AdmissionLimits, parse_json
+from tenure.control.admission import Admission, AdmissionLimits
 from tenure.control.audit import AUDIT_CURSOR, DEFAULT_PAGE, MAX_PAGE, job_audit, usage_report
 from tenure.control.gate import GateConfig
 from tenure.control.jobs import MAX_WAIT_S, JobsService
+from tenure.control.json_input import ENVELOPE_DEPTH, parse_json
 from tenure.control.models import JobSpec, shown, validated
 from tenure.gateway.auth import Auth, Principal
 from tenure.gateway.cors import AccessToken, access_token, cors_middleware

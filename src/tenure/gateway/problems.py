@@ -19,8 +19,8 @@ from tenure.contracts.errors import (
     TenureError,
     UnknownAgent,
 )
-from tenure.control.admission import InvalidJSON
 from tenure.control.gate import CircuitOpen, QueueFull
+from tenure.control.json_input import InvalidJSON
 from tenure.control.tenant_budgets import TenantBudgetExhausted
 
 TYPE_BASE = "https://tenure.dev/problems/"

@@ -25,8 +25,8 @@ from starlette.websockets import WebSocket
 from tenure.contracts.errors import TenureError
 from tenure.contracts.text import dumps
 from tenure.contracts.types import ControlOutcome
-from tenure.control.admission import ENVELOPE_DEPTH, InvalidJSON, parse_json
 from tenure.control.jobs import JobsService
+from tenure.control.json_input import ENVELOPE_DEPTH, InvalidJSON, parse_json
 from tenure.control.models import SubmitFrame, shown, validated
 from tenure.gateway.auth import Principal
 from tenure.gateway.problems import Problem, from_error

@@ -25,12 +25,10 @@ from tenure.backends.postgres._connections import StoreConnections
 from tenure.backends.postgres.audit import AuditWrites, edit_input, enqueue_with_budgets
 from tenure.contracts.errors import IllegalTransition, NotFound, StoreUnavailable
 from tenure.contracts.profile import WorkerRecord
-from tenure.contracts.reports import StoreHealth
+from tenure.contracts.reports import AdmissionState, CircuitState, StoreHealth
 from tenure.contracts.states import REQUEUEABLE, JobState, WorkerState
 from tenure.contracts.store import JobStore
 from tenure.contracts.types import (
-    AdmissionState,
-    CircuitState,
     Claim,
     Command,
     ControlOutcome,

@@ -1,19 +1,49 @@
-"""The broker's part of the registry on SQLite (docs/routing.md): drain requests and the agents of the live
-registry. A mixin of `SqliteStore`."""
+"""The registry on SQLite (docs/routing.md): registration, worker state and the list, drain requests and the
+agents of the live registry. A mixin of `SqliteStore`."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 
 from tenure.backends import _rows
 from tenure.backends.sqlite._connection import Q, SqliteConnection
+from tenure.contracts.states import WorkerState
 from tenure.contracts.types import WorkerInfo
 
 
 class RegistryOps:
-    """`request_drain` and `registry_agents` of `SqliteStore`."""
+    """The registry's writes and reads of `SqliteStore`, each one transaction on the connection thread."""
 
     connection: SqliteConnection
+
+    async def register_worker(self, info: WorkerInfo) -> None:
+        args = (
+            info.id,
+            info.host,
+            info.pid,
+            info.concurrency,
+            json.dumps(list(info.agents)),
+            json.dumps(list(info.capabilities)),
+            info.state.value,
+            json.dumps(list(info.features)),
+            info.agent_specs,
+        )
+        conn = self.connection
+        await conn.run(lambda: conn.tx(lambda db: db.execute(Q["register_worker"], args)), "register_worker")
+
+    async def set_worker_state(self, worker_id: str, state: WorkerState) -> None:
+        args = (worker_id, state.value)
+        conn = self.connection
+        await conn.run(lambda: conn.tx(lambda db: db.execute(Q["set_worker_state"], args)), "set_worker_state")
+
+    async def list_workers(self, include_gone: bool = False) -> list[WorkerInfo]:
+        conn = self.connection
+        rows = await conn.run(
+            lambda: conn.read(lambda db: db.execute(Q["list_workers"], (int(include_gone), None)).fetchall()),
+            "list_workers",
+        )
+        return [_rows.worker(r, _rows.json_list) for r in rows]
 
     async def request_drain(self, worker_id: str, timeout_s: float | None) -> WorkerInfo | None:
         def fn(db: sqlite3.Connection) -> WorkerInfo | None:

@@ -22,12 +22,10 @@ from tenure.backends.sqlite._writes import claim_and_start_in, finish_in, start_
 from tenure.backends.sqlite.audit import AuditWrites, edit_input, insert_budget
 from tenure.contracts.errors import IllegalTransition, NotFound
 from tenure.contracts.profile import WorkerRecord
-from tenure.contracts.reports import StoreHealth
+from tenure.contracts.reports import AdmissionState, CircuitState, StoreHealth
 from tenure.contracts.states import REQUEUEABLE, JobState, WorkerState
 from tenure.contracts.store import JobStore, OffloadStats
 from tenure.contracts.types import (
-    AdmissionState,
-    CircuitState,
     Claim,
     Command,
     ControlOutcome,
@@ -45,7 +43,6 @@ from tenure.contracts.types import (
     Start,
     Started,
     SweepReport,
-    WorkerInfo,
     check_replay,
     new_token,
 )
@@ -329,29 +326,6 @@ class SqliteStore(keys.SchedulingReads, AuditWrites, RegistryOps):
             return HeartbeatReply(frozenset(renewed), frozenset(cancel), drain, me["drain_timeout_s"] if drain else None)
 
         return await self._write(fn, "heartbeat")
-
-    # -- registry -----------------------------------------------------------------------------------------------
-    async def register_worker(self, info: WorkerInfo) -> None:
-        args = (
-            info.id,
-            info.host,
-            info.pid,
-            info.concurrency,
-            json.dumps(list(info.agents)),
-            json.dumps(list(info.capabilities)),
-            info.state.value,
-            json.dumps(list(info.features)),
-            info.agent_specs,
-        )
-        await self._write(lambda db: db.execute(Q["register_worker"], args), "register_worker")
-
-    async def set_worker_state(self, worker_id: str, state: WorkerState) -> None:
-        args = (worker_id, state.value)
-        await self._write(lambda db: db.execute(Q["set_worker_state"], args), "set_worker_state")
-
-    async def list_workers(self, include_gone: bool = False) -> list[WorkerInfo]:
-        rows = await self._read(lambda db: db.execute(Q["list_workers"], (int(include_gone), None)).fetchall())
-        return [_rows.worker(r, _rows.json_list) for r in rows]
 
     # -- history ------------------------------------------------------------------------------------------------
     async def read_events(self, job_id: str, after: tuple[int, int] | None, limit: int) -> list[Event]:
