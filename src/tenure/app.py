@@ -21,6 +21,7 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
 from tenure.backends.after_commit import AfterCommit
+from tenure.backends.artifacts import open_artifacts
 from tenure.backends.postgres import PostgresChannel, PostgresLeases, PostgresSignals, PostgresStore
 from tenure.backends.postgres.insights import PostgresInsights
 from tenure.backends.redis import RedisChannel, RedisLeases, RedisReadyIndex
@@ -167,7 +168,8 @@ async def open_backends(settings: Settings, *, migrate: bool = True) -> Backends
         raise
     if channel is not None:
         signals = ChannelSignals(channel, signals)
-    backends = Backends(AfterCommit(store, signals), signals, leases)
+    artifacts = open_artifacts(settings.store.artifacts_dir, url)  # docs/artifacts.md
+    backends = Backends(AfterCommit(store, signals), signals, leases, artifacts)
     if migrate:
         try:
             await backends.jobs.migrate()

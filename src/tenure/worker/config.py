@@ -50,6 +50,10 @@ class WorkerConfig:
     # batch of `retention_batch` per sweep (docs/retention.md).
     retention_days: float = 30.0
     retention_batch: int = 100
+    # Results and evidence by reference (docs/artifacts.md): JSON text over `artifact_threshold_bytes` goes to the
+    # artifact store and the job row holds its reference; a result over `max_result_bytes` fails the job.
+    artifact_threshold_bytes: int = 256 * 1024
+    max_result_bytes: int = 1024**3
 
     def __post_init__(self) -> None:
         # The one copy of the rule (settings.py builds this section): a heartbeat that is late once (a busy loop,
