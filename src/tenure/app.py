@@ -106,7 +106,7 @@ class Runtime:
         """A client of the store itself, through the admission door (`tenure.connect`)."""
         from tenure.local import LocalClient
 
-        return LocalClient(self.jobs, self.admission())
+        return LocalClient(self.jobs, self.admission(), self.backends.artifacts)
 
     async def quotas(self) -> QuotaManager:
         """The quota manager of this process (opened on first use, closed with the runtime)."""

@@ -17,12 +17,12 @@ def payload(size: int, seed: str = "") -> str:
 
 @app.agent("big_result", timeout=120, max_attempts=1)
 async def big_result(ctx: Context, input: Any) -> dict[str, Any]:
-    """A result of about `input["size"]` bytes (its JSON text is a little more)."""
-    return {"data": payload(int(input["size"]), str(input.get("seed", "")))}
+    """A result of about `input["size"]` bytes (its JSON text is a little more), built off the event loop."""
+    return {"data": await ctx.to_thread(payload, int(input["size"]), str(input.get("seed", "")))}
 
 
 @app.agent("big_evidence", timeout=120, max_attempts=1)
 async def big_evidence(ctx: Context, input: Any) -> str:
     """Evidence of `input["size"]` characters, and a small result."""
-    await ctx.evidence("report", payload(int(input["size"])))
+    await ctx.evidence("report", await ctx.to_thread(payload, int(input["size"])))
     return "ok"
