@@ -26,7 +26,7 @@ class DirectoryArtifacts:
     """Artifacts as files under `root` (created on first write)."""
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
-        self.root = os.path.abspath(os.fspath(root))
+        self.root = os.fspath(root)  # relative: to the working directory, like a relative SQLite path
 
     @property
     def location(self) -> str:
@@ -71,16 +71,10 @@ class DirectoryArtifacts:
     async def open(self, owner: str, sha256: str) -> Blob | None:
         if not valid_owner(owner) or len(sha256) != 64 or not all(c in "0123456789abcdef" for c in sha256):
             return None
-        path = os.path.join(self._dir(owner), sha256)
-        try:
-            f = await asyncio.to_thread(open, path, "rb")
-        except (FileNotFoundError, NotADirectoryError):
+        opened = await asyncio.to_thread(_open, os.path.join(self._dir(owner), sha256))
+        if opened is None:
             return None
-        try:
-            size = os.fstat(f.fileno()).st_size
-        except BaseException:
-            f.close()
-            raise
+        f, size = opened
         return Blob(size, sha256, _chunks(f), f.close)
 
     # -- collect -----------------------------------------------------------------------------------------------------
@@ -100,6 +94,18 @@ class DirectoryArtifacts:
 
     async def close(self) -> None:
         return None
+
+
+def _open(path: str) -> tuple[BinaryIO, int] | None:
+    try:
+        f = open(path, "rb")
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    try:
+        return f, os.fstat(f.fileno()).st_size
+    except BaseException:
+        f.close()
+        raise
 
 
 async def _chunks(f: BinaryIO) -> AsyncIterator[bytes]:
