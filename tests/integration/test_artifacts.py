@@ -76,9 +76,7 @@ async def _finished(client: httpx.AsyncClient, job_id: str) -> dict[str, object]
     return job if job["state"] in ("succeeded", "failed", "dead", "lost", "cancelled", "expired") else None
 
 
-async def test_a_20_mib_result_travels_by_reference_and_is_collected_with_its_job(
-    database_url: str, tmp_path: Path
-) -> None:
+async def test_a_20_mib_result_travels_by_reference_and_is_collected_with_its_job(database_url: str, tmp_path: Path) -> None:
     env = {"TENURE_APP": APP, "TENURE_API_KEYS": ",".join(f"{t}:{k}" for t, k in KEYS.items())}
     if database_url.startswith("sqlite"):
         artifacts = Path(database_url.removeprefix("sqlite:///") + ".artifacts")  # the default: beside the file
