@@ -14,7 +14,7 @@ from tenure.contracts.artifacts import CHUNK_BYTES, parse_ref, stub_ref
 from tenure.contracts.errors import ConfigError, PermanentError
 from tenure.contracts.text import dumps
 from tenure.settings import Settings
-from tenure.worker.byref import INLINE_RESULT_BYTES, by_reference
+from tenure.worker.byref import INLINE_RESULT_BYTES, by_reference, probably_large
 from tenure.worker.config import WorkerConfig
 
 JOB = "01a23185-e729-7186-bc11-810f7b871670"
@@ -94,3 +94,13 @@ async def test_by_reference_over_the_threshold_inline_under_it_and_refused_over_
     assert await by_reference(cfg, None, JOB, big, False, "result") == big
     with pytest.raises(PermanentError, match="TENURE_ARTIFACTS_DIR"):
         await by_reference(cfg, None, JOB, "x" * (INLINE_RESULT_BYTES + 1), False, "result")
+
+
+def test_a_large_result_is_recognised_by_a_bounded_look_and_encoded_off_the_loop() -> None:
+    assert not probably_large({"answer": 42, "text": "x" * 1000, "items": list(range(50))})
+    assert probably_large({"data": "x" * (64 * 1024 + 1)})
+    assert probably_large([{"a": "y" * 1000} for _ in range(100)])  # many small strings
+    assert probably_large(list(range(10_000)))  # many nodes
+    cyclic: dict[str, object] = {}
+    cyclic["self"] = cyclic
+    assert probably_large(cyclic)  # the budget ends the look; the encoding then fails in its thread

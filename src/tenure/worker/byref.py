@@ -3,6 +3,9 @@ text — the text itself, or the stub of an artifact written before the row that
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any
+
 from tenure.contracts.artifacts import ArtifactStore
 from tenure.contracts.errors import PermanentError
 from tenure.contracts.text import dumps
@@ -10,6 +13,30 @@ from tenure.worker.config import WorkerConfig
 
 INLINE_RESULT_BYTES = 1024 * 1024
 """The largest inline result when there is no artifact store (the limit before artifacts)."""
+_PROBE_NODES = 200
+_PROBE_BYTES = 64 * 1024
+
+
+def probably_large(value: Any) -> bool:
+    """Whether encoding `value` may take the event loop long enough to matter: a bounded look (at most
+    `_PROBE_NODES` containers and strings) that says True once it saw 64 KiB of strings or ran out of budget.
+    A large value is then encoded in a thread (a 20 MiB result takes a busy loop over a second)."""
+    todo, seen, size = [value], 0, 0
+    while todo:
+        v = todo.pop()
+        seen += 1
+        if seen > _PROBE_NODES:
+            return True
+        if isinstance(v, str | bytes):
+            size += len(v)
+            if size > _PROBE_BYTES:
+                return True
+        elif isinstance(v, dict):
+            todo.extend(v.values())
+            size += sum(len(k) for k in v if isinstance(k, str))
+        elif isinstance(v, list | tuple):
+            todo.extend(v)
+    return False
 
 
 async def by_reference(
@@ -29,5 +56,5 @@ async def by_reference(
             f"{what} is {size} bytes, over the artifact threshold, and this worker has no artifact store "
             f"(set TENURE_ARTIFACTS_DIR; inline {what}s are limited to {INLINE_RESULT_BYTES} bytes)"
         )
-    ref = await store.put(job_id, text.encode("utf-8"))
+    ref = await store.put(job_id, await asyncio.to_thread(text.encode, "utf-8"))
     return dumps(ref.stub())

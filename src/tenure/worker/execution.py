@@ -46,7 +46,7 @@ from tenure.kernel.context import Context
 from tenure.kernel.registry import Agent
 from tenure.observability.logs import bind_log_context
 from tenure.worker.audit import ExecutionAudit
-from tenure.worker.byref import by_reference
+from tenure.worker.byref import by_reference, probably_large
 from tenure.worker.completer import Completer
 from tenure.worker.config import WorkerConfig
 from tenure.worker.faults import Faults
@@ -139,6 +139,13 @@ async def _call_handler(agent: Agent, ctx: Context, payload: Any, adapter: Block
         return await adapter.run(agent.handler, ctx, payload)
     except (SystemExit, KeyboardInterrupt, GeneratorExit) as exc:
         raise HandlerAborted(describe_error(exc)) from None
+
+
+def _encode(result: Any) -> str:
+    try:
+        return dumps(result)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise PermanentError(f"the result cannot be stored: {describe_error(exc)}") from exc
 
 
 class Execution:
@@ -282,10 +289,7 @@ class Execution:
                     await self.quotas.release_all()
 
     async def _success(self, result: Any) -> Finish:
-        try:
-            result_json = dumps(result)
-        except (TypeError, ValueError, RecursionError) as exc:
-            raise PermanentError(f"the result cannot be stored: {describe_error(exc)}") from exc
+        result_json = await asyncio.to_thread(_encode, result) if probably_large(result) else _encode(result)
         result_json = await by_reference(
             self.env.config, self.env.artifacts, self.fence.job_id, result_json, looks_like_stub(result), "result"
         )
