@@ -88,11 +88,16 @@ _CURSOR = {"type": "string", "pattern": "^[0-9]+-[0-9]+$"}
 _COMMON = {"401": _problem("no valid API key"), "404": _problem("no such job (or another tenant's)")}
 # Every body is read by admission's parse_json (docs/http-api.md, "What JSON is accepted").
 _BAD_JSON = _problem("JSON not accepted: malformed, NaN/Infinity, a lone surrogate, U+0000, or nested over 64 levels")
-_STREAM = {
-    "description": "the JSON text, streamed (Content-Length; ETag: its SHA-256)",
-    "headers": {"ETag": {"schema": {"type": "string"}}, "Content-Length": {"schema": {"type": "integer"}}},
-    "content": {"application/json": {"schema": {}}},
-}
+
+
+def _stream() -> dict[str, Any]:
+    return {
+        "description": "the JSON text, streamed (Content-Length; ETag: its SHA-256)",
+        "headers": {"ETag": {"schema": {"type": "string"}}, "Content-Length": {"schema": {"type": "integer"}}},
+        "content": {"application/json": {"schema": {}}},
+    }
+
+
 _COMMAND = {
     "202": _json("persisted and delivered to the owner", "ControlAnswer"),
     "400": _BAD_JSON,
@@ -247,7 +252,7 @@ def openapi_document(agents: list[str]) -> dict[str, Any]:
                     "artifact when `result` is an ArtifactStub (docs/artifacts.md). ETag: the SHA-256 of the body.",
                     "parameters": [_JOB_ID],
                     "responses": {
-                        "200": _STREAM,
+                        "200": _stream(),
                         "304": {"description": "If-None-Match named the body's ETag"},
                         "409": _problem("the job has not succeeded: it has no result"),
                         **_COMMON,
@@ -261,7 +266,7 @@ def openapi_document(agents: list[str]) -> dict[str, Any]:
                     "ArtifactStub, streamed; tenant-checked through its job.",
                     "parameters": [{"name": "ref", "in": "path", "required": True, "schema": {"type": "string"}}],
                     "responses": {
-                        "200": _STREAM,
+                        "200": _stream(),
                         "304": {"description": "If-None-Match named the body's ETag"},
                         "401": _problem("no valid API key"),
                         "404": _problem("no such artifact, or its job is another tenant's"),
