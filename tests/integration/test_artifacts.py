@@ -19,6 +19,7 @@ from tenure.client import Client
 from tenure.contracts.text import dumps
 from tenure.local import connect
 from tenure.settings import Settings
+from tests.acceptance.test_cli import tenure
 from tests.acceptance.up import free_port
 from tests.apps.artifacts_app import payload
 from tests.conftest import PG_BASE
@@ -158,6 +159,9 @@ async def test_a_20_mib_result_travels_by_reference_and_is_collected_with_its_jo
             async with connect(APP, settings=settings) as local:
                 assert dumps(await local.result(job_id, "tenant-a")).encode() == expected
                 assert await local.result(small) == {"data": payload(100)}
+
+            shown = tenure(database_url, "job", job_id)  # `tenure job ID` prints the reference, not the bytes
+            assert shown.returncode == 0 and f'"$artifact": "{ref}"' in shown.stdout and len(shown.stdout) < 4096
 
             # Another tenant's key: 404 on both endpoints, like a job that does not exist.
             for path in (f"/v1/jobs/{job_id}/result", f"/v1/artifacts/{ref}", f"/v1/artifacts/{stub['$artifact']}"):
