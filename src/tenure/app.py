@@ -21,6 +21,7 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
 from tenure.backends.after_commit import AfterCommit
+from tenure.backends.artifacts import open_artifacts
 from tenure.backends.postgres import PostgresChannel, PostgresLeases, PostgresSignals, PostgresStore
 from tenure.backends.postgres.insights import PostgresInsights
 from tenure.backends.redis import RedisChannel, RedisLeases, RedisReadyIndex
@@ -108,7 +109,7 @@ class Runtime:
         """A client of the store itself, through the admission door (`tenure.connect`)."""
         from tenure.local import LocalClient
 
-        return LocalClient(self.jobs, self.admission())
+        return LocalClient(self.jobs, self.admission(), self.backends.artifacts)
 
     async def quotas(self) -> QuotaManager:
         """The quota manager of this process (opened on first use, closed with the runtime)."""
@@ -170,7 +171,8 @@ async def open_backends(settings: Settings, *, migrate: bool = True) -> Backends
         raise
     if channel is not None:
         signals = ChannelSignals(channel, signals)
-    backends = Backends(AfterCommit(store, signals), signals, leases)
+    artifacts = open_artifacts(settings.store.artifacts_dir, url)  # docs/artifacts.md
+    backends = Backends(AfterCommit(store, signals), signals, leases, artifacts)
     if migrate:
         try:
             await backends.jobs.migrate()

@@ -124,6 +124,11 @@ class Client:
         """One job (`GatewayError` 404 for no such job, or another tenant's)."""
         return job_from_wire((await self._call("GET", f"/v1/jobs/{ref_id(job_id)}")).json())
 
+    async def result(self, job_id: JobRef) -> Any:
+        """A succeeded job's result (`GET /v1/jobs/{id}/result`: inline or streamed from its artifact), read whole
+        into memory; `GatewayError` 409 for a job in another state, 404 for no such job."""
+        return (await self._call("GET", f"/v1/jobs/{ref_id(job_id)}/result")).json()
+
     async def jobs(
         self,
         *,

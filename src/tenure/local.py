@@ -10,11 +10,14 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
-from tenure.contracts.errors import NotFound
+from tenure.contracts.artifacts import ArtifactStore, stub_ref
+from tenure.contracts.errors import NotFound, StoreUnavailable
 from tenure.contracts.states import JobState
 from tenure.contracts.store import JobStore
 from tenure.contracts.types import DEFAULT_TENANT, ControlOutcome, Event, Job, JobFilter, WorkerInfo, parse_cursor
@@ -28,9 +31,10 @@ class LocalClient:
     """Submit and inspect jobs directly against the store (no gateway in between), through the same admission
     door as the gateway (caps and circuits included). A `JobsClient`: `tenure.client.Client` answers alike."""
 
-    def __init__(self, store: JobStore, admission: Admission) -> None:
+    def __init__(self, store: JobStore, admission: Admission, artifacts: ArtifactStore | None = None) -> None:
         self.store = store
         self.admission = admission
+        self.artifacts = artifacts  # results by reference (docs/artifacts.md)
         self.service = JobsService(store, admission)
 
     async def submit(
@@ -69,6 +73,26 @@ class LocalClient:
     async def job(self, job_id: JobRef, tenant: str | None = None) -> Job:
         """One job, or `NotFound`."""
         return await self.service.job(ref_id(job_id), tenant)
+
+    async def result(self, job_id: JobRef, tenant: str | None = None) -> Any:
+        """A succeeded job's result, read from its artifact when the row holds a reference (docs/artifacts.md);
+        `NotFound` for another state or a missing artifact. The whole result is read into memory."""
+        job = await self.job(job_id, tenant)
+        if job.state is not JobState.SUCCEEDED:
+            raise NotFound(f"job {job.id} is {job.state.value}: only a succeeded job has a result")
+        ref = stub_ref(job.result)
+        if ref is None or ref.owner != job.id:
+            return job.result
+        blob = None if self.artifacts is None else await self.artifacts.open(ref.owner, ref.sha256)
+        if blob is None:
+            raise NotFound(f"the artifact {ref.ref} of job {job.id} is not in the artifact store")
+        digest, parts = hashlib.sha256(), []
+        async for chunk in blob.chunks:
+            digest.update(chunk)
+            parts.append(chunk)
+        if digest.hexdigest() != ref.sha256:
+            raise StoreUnavailable(f"the artifact {ref.ref} does not match its digest (damaged)")
+        return json.loads(b"".join(parts))
 
     async def jobs(
         self,

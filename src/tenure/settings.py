@@ -46,6 +46,8 @@ class StoreSettings:
     sqlite_synchronous: str = "FULL"
     pg_command_timeout_s: float | None = 30.0
     """Each PostgreSQL statement's bound at the client (None: unbounded); migrations are not bounded."""
+    artifacts_dir: str | None = None
+    """The artifact store's directory (docs/artifacts.md); unset: `<SQLite file>.artifacts`, none on PostgreSQL."""
 
     def __post_init__(self) -> None:
         if self.database_url.split(":", 1)[0] not in _SQL_SCHEMES:
@@ -259,6 +261,7 @@ _TABLE: dict[str, tuple[str, str, Callable[[str, str], Any]]] = {
     "database_url": ("store", "database_url", _text),
     "sqlite_synchronous": ("store", "sqlite_synchronous", _choice("FULL", "NORMAL")),
     "pg_command_timeout_s": ("store", "pg_command_timeout_s", _seconds_or_off),
+    "artifacts_dir": ("store", "artifacts_dir", _optional),
     "heartbeat_s": ("worker", "heartbeat_s", _pos_float),
     "claim_ttl_s": ("worker", "claim_ttl_s", _pos_float),
     "sweep_interval_s": ("worker", "sweep_interval_s", _pos_float),
@@ -270,6 +273,8 @@ _TABLE: dict[str, tuple[str, str, Callable[[str, str], Any]]] = {
     "claim_mode": ("worker", "claim_mode", _choice("one_step", "two_step")),
     "prices": ("worker", "prices", lambda name, text: parse_prices(text, name)),
     "retention_days": ("worker", "retention_days", lambda name, text: _pos_float(name, text, "days")),
+    "artifact_threshold_bytes": ("worker", "artifact_threshold_bytes", _pos_int),
+    "max_result_bytes": ("worker", "max_result_bytes", _pos_int),
     "unhealthy_after": ("worker", "unhealthy_after", _pos_int),
     "unhealthy_cooldown_s": ("worker", "unhealthy_cooldown_s", _pos_float),
     "lag_interval_s": ("worker", "lag_interval_s", _pos_float),

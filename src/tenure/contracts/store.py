@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
+from tenure.contracts.artifacts import ArtifactStore
 from tenure.contracts.audit import AuditRecord, BudgetUse, StepRecord, StoredRecord
 from tenure.contracts.leases import WAIT_SUFFIX, LeaseRef, Leases, line_key, new_ticket, ticket_holder
 from tenure.contracts.profile import WorkerRecord
@@ -439,6 +440,8 @@ class Backends:
     jobs: JobStore
     signals: Signals
     leases: Leases
+    artifacts: ArtifactStore | None = None
+    """Results and evidence over the threshold (docs/artifacts.md); None: every result is inline (at most 1 MiB)."""
 
     async def close(self) -> None:
         """Close the signals (their listeners and outbox), then the leases, then the job store, which owns the
@@ -449,7 +452,11 @@ class Backends:
             try:
                 await self.leases.close()
             finally:
-                await self.jobs.close()
+                try:
+                    if self.artifacts is not None:
+                        await self.artifacts.close()
+                finally:
+                    await self.jobs.close()
 
 
 Store = JobStore

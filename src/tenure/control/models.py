@@ -175,6 +175,15 @@ class EventOut(BaseModel):
         return Event(self.job_id, self.execution_id, self.epoch, self.seq, self.type, self.payload, self.ts)
 
 
+class ArtifactStub(BaseModel):
+    """What a job's `result` (or an evidence record's `content`) holds when the value is in the artifact store
+    (docs/artifacts.md): fetch it with `GET /v1/jobs/{id}/result` or `GET /v1/artifacts/{ref}`."""
+
+    artifact: Annotated[str, Field(alias="$artifact", description="the reference: <job id>.<sha256>")]
+    size: Annotated[int, Field(ge=0, description="the artifact's size in bytes (its JSON text, UTF-8)")]
+    sha256: Annotated[str, Field(pattern="^[0-9a-f]{64}$", description="the SHA-256 of its bytes (hex)")]
+
+
 class JobList(BaseModel):
     """A page of jobs, newest first; `next_cursor` is the `cursor` of the next page (null on the last)."""
 

@@ -7,6 +7,7 @@
     POST /v1/jobs/{id}/input      persisted, then delivered to the owner
     POST /v1/jobs/{id}/approve    persisted, then delivered to the owner
     GET  /v1/jobs/{id}/events     SSE (Last-Event-ID) or JSON history (?format=json&after=)
+    GET  /v1/jobs/{id}/result     the result, streamed (inline or its artifact); GET /v1/artifacts/{ref}
     WS   /v1/ws                   submit, subscribe with a cursor, cancel, input, approve on one socket
     GET  /v1/workers, /healthz, /readyz, /openapi.json; POST /v1/workers/{id}/drain (admin)
 
@@ -42,6 +43,7 @@ from tenure.control.gate import GateConfig
 from tenure.control.jobs import MAX_WAIT_S, JobsService
 from tenure.control.json_input import ENVELOPE_DEPTH, parse_json
 from tenure.control.models import JobSpec, shown, validated
+from tenure.gateway.artifacts import artifact_response, result_response
 from tenure.gateway.auth import Auth, Principal
 from tenure.gateway.cors import AccessToken, access_token, cors_middleware
 from tenure.gateway.openapi import MAX_EVENTS_PAGE, MAX_LIST, openapi_document
@@ -109,6 +111,7 @@ class Gateway:
         ready_index: ReadyIndex | None = None,
     ) -> None:
         store = self.store = backends.jobs
+        self.artifacts = backends.artifacts  # results and evidence by reference (gateway/artifacts.py)
         self.config = config or GatewayConfig()
         self.auth = auth or Auth.open()
         # The one admission door (the CLI and tenure.connect use the same); with a ready index
@@ -134,6 +137,8 @@ class Gateway:
             Route("/v1/jobs/{job_id}/events", self.events, methods=["GET"]),
             Route("/v1/jobs/{job_id}/audit", self.audit, methods=["GET"]),
             Route("/v1/jobs/{job_id}/requeue", self.requeue, methods=["POST"]),
+            Route("/v1/jobs/{job_id}/result", self.result, methods=["GET"]),
+            Route("/v1/artifacts/{ref}", self.artifact, methods=["GET"]),
             Route("/v1/usage", self.usage, methods=["GET"]),
             Route("/v1/workers", self.workers, methods=["GET"]),
             Route("/v1/workers/{worker_id}/drain", self.drain_worker, methods=["POST"]),
@@ -270,6 +275,16 @@ class Gateway:
         who = self._principal(request)
         job = await self.load_job(request.path_params["job_id"], who)
         return JSONResponse(_job_view(job) | {"waiting_reason": await self.jobs.waiting_reason(job)})
+
+    async def result(self, request: Request) -> Response:
+        """GET /v1/jobs/{id}/result: the result's JSON, streamed from its artifact when it has one."""
+        job = await self.load_job(request.path_params["job_id"], self._principal(request))
+        return await result_response(request, self.artifacts, job)
+
+    async def artifact(self, request: Request) -> Response:
+        """GET /v1/artifacts/{ref}: one artifact of a job the caller may see, streamed."""
+        who = self._principal(request)
+        return await artifact_response(request, self.artifacts, lambda job_id: self.load_job(job_id, who))
 
     async def audit(self, request: Request) -> Response:
         """GET /v1/jobs/{id}/audit: the job's executions, tool calls, evidence, usage and journal (docs/audit.md)."""

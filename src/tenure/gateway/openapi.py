@@ -19,6 +19,7 @@ from tenure.control.jobs import MAX_DRAIN_S, MAX_WAIT_S
 from tenure.control.models import (
     KEY,
     ApprovalBody,
+    ArtifactStub,
     ControlAnswer,
     EventPage,
     Health,
@@ -46,6 +47,7 @@ _MODELS: list[tuple[type[BaseModel], JsonSchemaMode]] = [
     (ControlAnswer, "serialization"),
     (WorkerList, "serialization"),
     (Health, "serialization"),
+    (ArtifactStub, "serialization"),
     (Problem, "serialization"),
 ]
 
@@ -86,6 +88,16 @@ _CURSOR = {"type": "string", "pattern": "^[0-9]+-[0-9]+$"}
 _COMMON = {"401": _problem("no valid API key"), "404": _problem("no such job (or another tenant's)")}
 # Every body is read by admission's parse_json (docs/http-api.md, "What JSON is accepted").
 _BAD_JSON = _problem("JSON not accepted: malformed, NaN/Infinity, a lone surrogate, U+0000, or nested over 64 levels")
+
+
+def _stream() -> dict[str, Any]:
+    return {
+        "description": "the JSON text, streamed (Content-Length; ETag: its SHA-256)",
+        "headers": {"ETag": {"schema": {"type": "string"}}, "Content-Length": {"schema": {"type": "integer"}}},
+        "content": {"application/json": {"schema": {}}},
+    }
+
+
 _COMMAND = {
     "202": _json("persisted and delivered to the owner", "ControlAnswer"),
     "400": _BAD_JSON,
@@ -240,6 +252,34 @@ def openapi_document(agents: list[str]) -> dict[str, Any]:
                         "409": _problem("the job is not finished, or it succeeded"),
                         "422": _problem("the body or its input is refused"),
                         **_COMMON,
+                    },
+                }
+            },
+            "/v1/jobs/{job_id}/result": {
+                "get": {
+                    "operationId": "jobResult",
+                    "description": "A succeeded job's result as JSON text: inline from the job, or streamed from its "
+                    "artifact when `result` is an ArtifactStub (docs/artifacts.md). ETag: the SHA-256 of the body.",
+                    "parameters": [_JOB_ID],
+                    "responses": {
+                        "200": _stream(),
+                        "304": {"description": "If-None-Match named the body's ETag"},
+                        "409": _problem("the job has not succeeded: it has no result"),
+                        **_COMMON,
+                    },
+                }
+            },
+            "/v1/artifacts/{ref}": {
+                "get": {
+                    "operationId": "getArtifact",
+                    "description": "One artifact (a result's or an evidence record's), by the `$artifact` of its "
+                    "ArtifactStub, streamed; tenant-checked through its job.",
+                    "parameters": [{"name": "ref", "in": "path", "required": True, "schema": {"type": "string"}}],
+                    "responses": {
+                        "200": _stream(),
+                        "304": {"description": "If-None-Match named the body's ETag"},
+                        "401": _problem("no valid API key"),
+                        "404": _problem("no such artifact, or its job is another tenant's"),
                     },
                 }
             },

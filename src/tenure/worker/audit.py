@@ -19,11 +19,13 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
+from tenure.contracts.artifacts import ArtifactStore
 from tenure.contracts.audit import AuditRecord, BudgetUse, Price, StepRecord, priced
 from tenure.contracts.errors import BudgetExhausted, PermanentError, StepUnknown, StoreUnavailable
 from tenure.contracts.store import Store
 from tenure.contracts.text import describe_error, dumps
 from tenure.contracts.types import Fence
+from tenure.worker.byref import by_reference
 from tenure.worker.completer import Completer
 from tenure.worker.config import WorkerConfig
 
@@ -38,6 +40,8 @@ class _Env(Protocol):
     def completer(self) -> Completer: ...
     @property
     def config(self) -> WorkerConfig: ...
+    @property
+    def artifacts(self) -> ArtifactStore | None: ...
 
 
 class Execution(Protocol):
@@ -83,6 +87,11 @@ class ExecutionAudit:
     async def audit(
         self, kind: str, name: str, data_json: str, started_at: float | None, ended_at: float | None, durable: bool
     ) -> None:
+        x = self._x
+        if kind == "evidence" and x.env.artifacts is not None:  # over the threshold: by reference (artifacts.md)
+            x.check()
+            stub_like = '"$artifact"' in data_json
+            data_json = await by_reference(x.env.config, x.env.artifacts, x.fence.job_id, data_json, stub_like, kind)
         self.queue(kind, name, data_json, started_at, ended_at)
         if kind == "tool_call":
             self._used["tool_calls"] += 1

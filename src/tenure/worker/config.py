@@ -51,6 +51,10 @@ class WorkerConfig:
     # batch of `retention_batch` per sweep (docs/retention.md).
     retention_days: float = 30.0
     retention_batch: int = 100
+    # Results and evidence by reference (docs/artifacts.md): JSON text over `artifact_threshold_bytes` goes to the
+    # artifact store and the job row holds its reference; a result over `max_result_bytes` fails the job.
+    artifact_threshold_bytes: int = 256 * 1024
+    max_result_bytes: int = 1024**3
     # Health (worker/health.py, docs/routing.md): this many hard timeouts in a row make the worker `unhealthy`,
     # claiming nothing new for the cool-down; then it is `active` again.
     unhealthy_after: int = 3

@@ -17,6 +17,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
+from tenure.contracts.artifacts import ArtifactStore
 from tenure.contracts.errors import StoreUnavailable
 from tenure.contracts.ready import ReadyIndex
 from tenure.contracts.store import Leases, Store
@@ -34,13 +35,15 @@ class SweeperDuty:
     """The sweeper, run by whichever worker holds the `duty:sweeper` lease."""
 
     def __init__(self, store: Store, duty: Leases | None, worker_id: str, config: WorkerConfig,
-                 observer: WorkerObserver, ready_index: ReadyIndex | None) -> None:  # fmt: skip
+                 observer: WorkerObserver, ready_index: ReadyIndex | None,
+                 artifacts: ArtifactStore | None = None) -> None:  # fmt: skip
         self._store = store
         self._duty = duty
         self._worker_id = worker_id
         self._config = config
         self._obs = observer
         self._index = ready_index
+        self._artifacts = artifacts
         self._exported_at = 0.0
         self._holding = False
 
@@ -66,6 +69,16 @@ class SweeperDuty:
         purged = await self._store.purge_finished(self._config.retention_days * 86400.0, self._config.retention_batch)
         if purged:
             log.info("retention: deleted %d jobs finished over %g days ago", len(purged), self._config.retention_days)
+            if self._artifacts is not None:
+                # The jobs' rows are gone (committed): their artifacts go with them (docs/artifacts.md). A failure
+                # here leaves files no row names; they are not retried (the job ids are gone with the rows).
+                try:
+                    files = await self._artifacts.delete_owners(purged)
+                except OSError as exc:
+                    log.warning("retention: deleting the artifacts of %d jobs failed: %s", len(purged), exc)
+                else:
+                    if files:
+                        log.info("retention: deleted %d artifacts of %d jobs", files, len(purged))
         await hint_ready(self._index, self._store, report.released + report.requeued + report.due)
         if report.total():
             log.info("sweep: %s", {k: len(v) for k, v in report.as_dict().items() if v})

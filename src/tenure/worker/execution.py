@@ -24,6 +24,7 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from tenure.contracts.artifacts import ArtifactStore, looks_like_stub
 from tenure.contracts.errors import (
     ConfigError,
     HandlerAborted,
@@ -45,6 +46,7 @@ from tenure.kernel.context import Context
 from tenure.kernel.registry import Agent
 from tenure.observability.logs import bind_log_context
 from tenure.worker.audit import ExecutionAudit
+from tenure.worker.byref import by_reference, probably_large
 from tenure.worker.completer import Completer
 from tenure.worker.config import WorkerConfig
 from tenure.worker.faults import Faults
@@ -54,7 +56,6 @@ from tenure.worker.slots import Slots
 log = logging.getLogger("tenure.worker")
 T = TypeVar("T")
 
-MAX_RESULT_BYTES = 1024 * 1024
 # A waiting execution polls the store for its commands (persisted by the gateway before delivery).
 _COMMAND_POLL_MIN_S = 0.05
 _COMMAND_POLL_MAX_S = 1.0
@@ -76,6 +77,8 @@ class Env:
     quotas: QuotaManager | None
     abandoned: set[asyncio.Task[Any]]
     """Handlers that ignored their cancellation and run on after their execution ended."""
+    artifacts: ArtifactStore | None = None
+    """Where results and evidence over the threshold go (docs/artifacts.md); None: inline, at most 1 MiB."""
 
 
 # -- what an end writes ----------------------------------------------------------------------------------------------
@@ -136,6 +139,13 @@ async def _call_handler(agent: Agent, ctx: Context, payload: Any, adapter: Block
         return await adapter.run(agent.handler, ctx, payload)
     except (SystemExit, KeyboardInterrupt, GeneratorExit) as exc:
         raise HandlerAborted(describe_error(exc)) from None
+
+
+def _encode(result: Any) -> str:
+    try:
+        return dumps(result)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise PermanentError(f"the result cannot be stored: {describe_error(exc)}") from exc
 
 
 class Execution:
@@ -218,7 +228,7 @@ class Execution:
         slot_held = True
         try:
             try:
-                finish = self._success(await self._run_handler())
+                finish = await self._success(await self._run_handler())
             except asyncio.CancelledError:
                 # Stopped from outside: ownership lost, a cancel request, or the drain timed out. Anything else
                 # is the cancellation of the worker's own task group, which must go on.
@@ -278,13 +288,11 @@ class Execution:
                 with contextlib.suppress(Exception):
                     await self.quotas.release_all()
 
-    def _success(self, result: Any) -> Finish:
-        try:
-            result_json = dumps(result)
-        except (TypeError, ValueError, RecursionError) as exc:
-            raise PermanentError(f"the result cannot be stored: {describe_error(exc)}") from exc
-        if len(result_json) > MAX_RESULT_BYTES:
-            raise PermanentError(f"result is {len(result_json)} bytes; the limit is {MAX_RESULT_BYTES}")
+    async def _success(self, result: Any) -> Finish:
+        result_json = await asyncio.to_thread(_encode, result) if probably_large(result) else _encode(result)
+        result_json = await by_reference(
+            self.env.config, self.env.artifacts, self.fence.job_id, result_json, looks_like_stub(result), "result"
+        )
         self.seq += 1
         return self._make_finish(JobState.SUCCEEDED, result_json=result_json)
 

@@ -142,6 +142,7 @@ class Worker:
             process_adapter=self._processes,
             quotas=self.quotas,
             abandoned=self.abandoned,
+            artifacts=backends.artifacts,
         )
         # The claim path: one step unless a worker quota must be taken per claim (or two steps are asked for).
         # A fault point on the two-step path is never a reason to take it.
@@ -187,7 +188,9 @@ class Worker:
         self._drain_timeout_s: float | None = None
         self._heartbeat.on_drain = self.request_drain
         # The sweeper duty lives in the store's leases table unless other leases are given.
-        self._sweeper = SweeperDuty(store, leases or backends.leases, self.id, cfg, self._obs, ready_index)
+        self._sweeper = SweeperDuty(
+            store, leases or backends.leases, self.id, cfg, self._obs, ready_index, artifacts=backends.artifacts
+        )
 
     @property
     def state(self) -> WorkerState:
