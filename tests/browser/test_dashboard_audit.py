@@ -10,9 +10,11 @@ import json
 import re
 from collections.abc import Iterator
 
+import httpx
 import pytest
 from playwright.async_api import Browser, expect
 
+from tenure.gateway.ui.timeline import record_url
 from tests.acceptance.up import KEYS, Up
 from tests.browser.test_dashboard import DESKTOP, PHONE, api, browser, sign_in, wait_state
 
@@ -100,6 +102,12 @@ async def test_a_long_audit_is_paged_with_the_audit_cursor(up: Up, browser: Brow
         await more.click()
         await expect(s.page.get_by_test_id("audit-first")).to_be_visible()
     assert sorted(seen) == want and len(seen) == len(set(seen))  # every record once: no gap, no duplicate
+    # Each record's own link (offered for a value too long for the page) is the API's page of that one record.
+    for key in want[:4] + want[-4:]:
+        epoch, seq = map(int, key.split("."))
+        url = record_url(job["id"], epoch, seq)
+        one = await api(up, "GET", url.partition("?")[0], params=dict(httpx.QueryParams(url.partition("?")[2])))
+        assert [f"{r['epoch']}.{r['seq']}" for k in ("tool_calls", "evidence", "usage") for r in one[k]] == [key]
     # The executions whose records are all elsewhere say so.
     await expect(s.page.locator("#audit")).to_contain_text("Its records are on an earlier page of the audit.")
     for bad in ("audit=nope", "audit=1.2.3", "audit_limit=0", "audit_limit=x", "audit_limit=5000"):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from tenure.contracts.audit import BudgetUse
-from tenure.gateway.ui.timeline import audit_timeline, budget_rows, clip, number
+from tenure.gateway.ui.timeline import FULL, audit_timeline, budget_rows, clip, number, record_url
 
 
 def execution(n: int, outcome: str) -> dict[str, Any]:
@@ -15,6 +15,7 @@ def execution(n: int, outcome: str) -> dict[str, Any]:
 
 def audit(**kw: Any) -> dict[str, Any]:
     base: dict[str, Any] = {
+        "job_id": "j1",
         "executions": [execution(1, "failed"), execution(2, "lost"), execution(3, "running")],
         "tool_calls": [],
         "evidence": [],
@@ -81,6 +82,10 @@ def test_budget_rows_and_numbers() -> None:
 
 def test_a_long_value_is_previewed_and_kept_whole() -> None:
     short, long = clip({"a": 1}), clip({"text": "y" * 500})
-    assert short == {"preview": '{"a": 1}', "full": '{\n  "a": 1\n}', "cut": False, "size": 8}
+    assert short == {"preview": '{"a": 1}', "full": '{\n  "a": 1\n}', "cut": False, "size": 8, "held": True}
     assert long["cut"] and len(long["preview"]) == 160 and long["preview"].endswith("…")
-    assert long["full"].count("y") == 500
+    assert long["full"].count("y") == 500 and long["held"]
+    huge = clip({"text": "z" * (FULL + 10)})  # more than a page holds: cut, and linked to its record in the API
+    assert not huge["held"] and huge["full"].count("z") < FULL
+    assert record_url("j1", 3, 7) == "/v1/jobs/j1/audit?cursor=3.6&limit=1"
+    assert record_url("j1", 3, 0) == "/v1/jobs/j1/audit?cursor=2.9999999999&limit=1"

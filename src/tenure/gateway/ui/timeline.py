@@ -18,6 +18,9 @@ from tenure.contracts.audit import BudgetUse
 
 PREVIEW = 160
 """Characters of a value shown inline; the whole value is behind a disclosure (`<details>`)."""
+FULL = 20_000
+"""Characters of a value the page holds at most (a page shows up to 200 records); a longer one links to its
+record in `GET /v1/jobs/{id}/audit`."""
 
 LIMIT_UNITS = (("tool_calls", "tool calls"), ("tokens", "tokens"), ("cost", "USD"), ("wall_s", "s"))
 
@@ -28,8 +31,21 @@ def clip(value: Any, n: int = PREVIEW) -> dict[str, Any]:
     line = json.dumps(value, ensure_ascii=False, sort_keys=True)
     full = json.dumps(value, ensure_ascii=False, sort_keys=True, indent=2)
     if len(line) <= n:
-        return {"preview": line, "full": full, "cut": False, "size": len(line)}
-    return {"preview": line[: n - 1] + "…", "full": full, "cut": True, "size": len(line)}
+        return {"preview": line, "full": full, "cut": False, "size": len(line), "held": True}
+    held = len(full) <= FULL
+    return {
+        "preview": line[: n - 1] + "…",
+        "full": full if held else full[:FULL] + "\n…",
+        "cut": True,
+        "size": len(line),
+        "held": held,
+    }
+
+
+def record_url(job_id: str, epoch: int, seq: int) -> str:
+    """The API's page of one audit record: its cursor is the position just before it (cursors are exclusive)."""
+    before = f"{epoch}.{seq - 1}" if seq > 0 else f"{max(0, epoch - 1)}.9999999999"
+    return f"/v1/jobs/{job_id}/audit?cursor={before}&limit=1"
 
 
 def number(value: Any) -> str:
@@ -50,9 +66,10 @@ def _step_state(step: Mapping[str, Any], running: set[str]) -> str:
     return str(step["state"])
 
 
-def _item(r: Mapping[str, Any]) -> dict[str, Any]:
+def _item(job_id: str, r: Mapping[str, Any]) -> dict[str, Any]:
     kind = r["kind"]
     item: dict[str, Any] = {"kind": kind, "key": f"{r['epoch']}.{r['seq']}", "ts": r.get("ts")}
+    item["url"] = record_url(job_id, r["epoch"], r["seq"])
     if kind == "tool_call":
         item.update(name=r.get("name"), arguments=clip(r.get("arguments")), duration=r.get("duration_s"))
         if "error" in r:
@@ -78,9 +95,10 @@ def _item(r: Mapping[str, Any]) -> dict[str, Any]:
     return item
 
 
-def _edit(r: Mapping[str, Any]) -> dict[str, Any]:
+def _edit(job_id: str, r: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "key": f"{r['epoch']}.{r['seq']}",
+        "url": record_url(job_id, r["epoch"], r["seq"]),
         "ts": r.get("ts"),
         "previous": clip(r.get("previous_input")),
         "input": clip(r.get("input")),
@@ -89,6 +107,7 @@ def _edit(r: Mapping[str, Any]) -> dict[str, Any]:
 
 def audit_timeline(audit: Mapping[str, Any], budget: BudgetUse | None, paged: bool) -> dict[str, Any]:
     """The timeline of one page of a job's audit (`paged`: this page is not the first one)."""
+    job_id = str(audit["job_id"])
     executions = [dict(e) for e in audit["executions"]]
     by_id = {e["id"]: e for e in executions}
     by_epoch = {e["epoch"]: e for e in executions}
@@ -99,11 +118,11 @@ def audit_timeline(audit: Mapping[str, Any], budget: BudgetUse | None, paged: bo
     records = sorted([*audit["tool_calls"], *audit["evidence"], *audit["usage"]], key=lambda r: (r["epoch"], r["seq"]))
     for r in records:
         owner = by_id.get(r.get("execution_id"))
-        (owner["records"] if owner is not None else orphans).append(_item(r))
+        (owner["records"] if owner is not None else orphans).append(_item(job_id, r))
     edits_before: list[dict[str, Any]] = []
     for r in audit["edits"]:
         owner = by_epoch.get(r["epoch"])
-        (owner["edits"] if owner is not None else edits_before).append(_edit(r))
+        (owner["edits"] if owner is not None else edits_before).append(_edit(job_id, r))
     loose_steps: list[dict[str, Any]] = []
     for s in audit["steps"]:
         step = {
@@ -126,6 +145,7 @@ def audit_timeline(audit: Mapping[str, Any], budget: BudgetUse | None, paged: bo
         e["usage_text"] = ", ".join(f"{k} {number(v)}" for k, v in sorted(usage.items())) if usage else ""
         e["empty"] = not (e["records"] or e["steps"] or e["edits"])
     return {
+        "job_id": job_id,
         "executions": executions,
         "orphans": orphans,
         "edits_before": edits_before,

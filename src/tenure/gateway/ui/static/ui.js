@@ -94,10 +94,13 @@ function jobPage() {
   // -- the audit timeline: re-rendered after the stream delivers an event (the page of records shown stays the
   // same; opened disclosures stay open; never while focus is inside it: then when focus leaves) --
   const audit = document.getElementById("audit");
-  let auditPending = false;
+  let auditPending = false, auditLast = 0, auditTimer = null;
   const refreshAudit = async () => {
     if (!audit) return;
     if (audit.contains(document.activeElement)) { auditPending = true; return; }
+    const wait = auditLast + 1000 - Date.now();  // at most one re-render a second, the last event included
+    if (wait > 0) { clearTimeout(auditTimer); auditTimer = setTimeout(refreshAudit, wait); return; }
+    auditLast = Date.now();
     auditPending = false;
     const q = audit.dataset.query;
     const r = await fetch(`/ui/jobs/${id}/audit` + (q ? `?${q}` : ""), { credentials: "same-origin" });
