@@ -16,7 +16,7 @@ from playwright.async_api import Browser, expect
 
 from tenure.gateway.ui.timeline import record_url
 from tests.acceptance.up import KEYS, Up
-from tests.browser.test_dashboard import DESKTOP, PHONE, api, browser, sign_in, wait_state
+from tests.browser.test_dashboard import DESKTOP, IMAGES, PHONE, api, browser, sign_in, wait_state
 
 pytestmark = pytest.mark.slow
 __all__ = ["browser"]  # the fixture, imported for these tests
@@ -76,8 +76,8 @@ async def test_the_job_page_shows_the_audit_timeline_of_three_executions_after_t
         row = budget_table.locator(f'tr[data-limit="{limit}"] td')
         for i, text in enumerate(cells, start=1):
             await expect(row.nth(i)).to_have_text(text)
-    await s.page.locator("#audit").scroll_into_view_if_needed()
-    await s.shot("job-audit", full_page=True)
+    IMAGES.mkdir(parents=True, exist_ok=True)
+    await s.page.locator("#audit").screenshot(path=str(IMAGES / "job-audit.png"))
     phone = await sign_in(browser, up, KEYS["tenant-a"], PHONE)
     await phone.goto(f"/ui/jobs/{job['id']}")
     overflow = await phone.page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
@@ -132,8 +132,9 @@ async def test_a_dead_job_is_requeued_with_an_edited_input_from_its_page(up: Up,
     await area.fill('{"q": "second", ')
     await send.click()
     await expect(message).to_contain_text("The input is not valid JSON")
-    await expect(message).to_contain_text("Nothing was requeued.")
+    await expect(message).to_contain_text("(nothing was requeued)")
     await expect(area).to_have_attribute("aria-invalid", "true")
+    await s.page.locator("#requeue-edit").screenshot(path=str(IMAGES / "job-requeue-edit.png"))
     await area.fill("")
     await send.click()
     await expect(message).to_contain_text("The input is empty")
@@ -163,7 +164,6 @@ async def test_a_dead_job_is_requeued_with_an_edited_input_from_its_page(up: Up,
     await expect(attempts.nth(3).get_by_test_id("audit-tool-call").first).to_contain_text('"q": "second"')
     await expect(s.page.locator("#requeue-edit")).to_be_hidden()
     assert await s.page.evaluate("window.notReloaded") is True
-    await s.shot("job-requeue-edit", full_page=True)
     after = await api(up, "GET", f"/v1/jobs/{job['id']}")
     assert after["input"] == {"q": "second", "succeed_on": 1} and after["epoch"] == 4
     # Another tenant can neither see this job's page nor requeue it.

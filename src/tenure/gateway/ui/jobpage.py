@@ -104,7 +104,7 @@ class JobPages(PagesBase):
         try:
             value = parse_json(text, "The input")
         except InvalidRequest as exc:
-            return JSONResponse({"detail": f"{exc} Nothing was requeued.", "field": "input"}, 422)
+            return JSONResponse({"detail": f"{exc} (nothing was requeued)", "field": "input"}, 422)
         job_id = request.path_params["job_id"]
         if not is_uuid(job_id):
             return JSONResponse({"detail": "not found"}, 404)
@@ -115,7 +115,7 @@ class JobPages(PagesBase):
         except IllegalTransition as exc:
             return JSONResponse({"detail": f"This job cannot be requeued now: {exc}"}, 409)
         except InvalidRequest as exc:
-            return JSONResponse({"detail": f"{exc} Nothing was requeued.", "field": "input"}, 422)
+            return JSONResponse({"detail": f"{exc} (nothing was requeued)", "field": "input"}, 422)
         except StoreUnavailable as exc:
             return JSONResponse({"detail": f"The store did not answer; retry shortly ({exc})."}, 503)
         return JSONResponse({"outcome": "requeued", "state": job.state.value, "epoch": job.epoch, "job_id": job.id})

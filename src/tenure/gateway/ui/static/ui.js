@@ -132,13 +132,13 @@ function jobPage() {
       if (r.ok) {
         editDirty = false;
         editArea.removeAttribute("aria-invalid");
-        say(editMsg, `requeued with the edited input: ${r.data.state} again, epoch ${r.data.epoch}`);
+        say(editMsg, `✓ requeued with the edited input: ${r.data.state} again, epoch ${r.data.epoch}`);
         say(outcome, "requeue: requeued (input edited)");
         if (!streaming) stream();
         refresh();
       } else {
         if (r.data?.field === "input") editArea.setAttribute("aria-invalid", "true");
-        say(editMsg, r.data?.detail || `failed (${r.status})`);
+        say(editMsg, "✗ " + (r.data?.detail || `failed (${r.status})`));
       }
     } catch (e) {
       say(editMsg, "The gateway did not answer; nothing may have been requeued. Reload the page to see.");
