@@ -89,3 +89,8 @@ def test_a_long_value_is_previewed_and_kept_whole() -> None:
     assert not huge["held"] and huge["full"].count("z") < FULL
     assert record_url("j1", 3, 7) == "/v1/jobs/j1/audit?cursor=3.6&limit=1"
     assert record_url("j1", 3, 0) == "/v1/jobs/j1/audit?cursor=2.9999999999&limit=1"
+
+
+def test_the_live_execution_of_a_waiting_job_is_shown_waiting() -> None:
+    t = audit_timeline(audit(state="waiting"), None, paged=False)
+    assert [e["outcome"] for e in t["executions"]] == ["failed", "lost", "waiting"]

@@ -114,6 +114,8 @@ def audit_timeline(audit: Mapping[str, Any], budget: BudgetUse | None, paged: bo
     running = {e["id"] for e in executions if e.get("outcome") == "running"}
     for e in executions:
         e.update(records=[], steps=[], edits=[])
+        if e.get("outcome") == "running" and audit.get("state") == "waiting":
+            e["outcome"] = "waiting"  # the read model says "running" for the live execution; the job waits
     orphans: list[dict[str, Any]] = []
     records = sorted([*audit["tool_calls"], *audit["evidence"], *audit["usage"]], key=lambda r: (r["epoch"], r["seq"]))
     for r in records:
