@@ -113,7 +113,7 @@ class Runtime:
             self._quotas = await self._stack.enter_async_context(open_quotas(self.settings, self.backends))
         return self._quotas
 
-    async def worker(self, *, faults: Faults | None = None) -> Worker:
+    async def worker(self, *, faults: Faults | None = None, worker_id: str | None = None) -> Worker:
         """A worker of this process: the app's agents, the worker settings, the quotas and the ready index. A
         `stop` fault freezes the process between two store transactions (JobStore.run_between_transactions), so
         it never freezes holding SQLite's write lock."""
@@ -129,7 +129,7 @@ class Runtime:
         faults.freeze = freeze
         return Worker(
             self.backends, self.app, self.settings.worker, faults=faults, quotas=await self.quotas(),
-            ready_index=self.ready_index,
+            ready_index=self.ready_index, worker_id=worker_id,
         )  # fmt: skip
 
 

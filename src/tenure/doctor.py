@@ -7,7 +7,8 @@ Checks, each `ok`, `warn` or `fail` (any `fail` makes the command exit 1):
                 but a machine far off makes logs, `--deadline-s` and operators' reading of times wrong)
     schema      the migration level against the one this code expects
     redis       TENURE_REDIS_URL (optional) answers; its version and clock skew
-    workers     workers alive (heartbeat within 2 claim TTLs), by state; none alive while jobs wait = fail
+    workers     workers alive (heartbeat within 2 claim TTLs), by state (degraded or unhealthy = warn); none alive
+                while jobs wait = fail
     stuck jobs  jobs still owned past their claim expiry by more than a grace: the sweeper is not running
     vacuum      PostgreSQL: the oldest transaction holding back vacuum (warn past 60 s, fail past 10 min), dead rows
                 of the jobs and events tables (warn past twice the live rows and 100,000), their sizes
@@ -155,8 +156,8 @@ async def _check_workers(report: Report, store: JobStore, settings: Settings, no
         status = "fail" if queued else "warn"
         detail = "no worker alive" + (" while jobs are queued" if queued else "")
     else:
-        degraded = by_state.get(WorkerState.DEGRADED.value, 0)
-        status = "warn" if degraded else "ok"
+        ailing = by_state.get(WorkerState.DEGRADED.value, 0) + by_state.get(WorkerState.UNHEALTHY.value, 0)
+        status = "warn" if ailing else "ok"
         detail = f"{len(alive)} alive ({summary})"
     report.add(
         "workers", status, detail, alive=len(alive), by_state=by_state, silent=[w.id for w in workers if w not in alive]

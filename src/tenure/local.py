@@ -45,10 +45,23 @@ class LocalClient:
         max_attempts: int | None = None,
         tenant: str = DEFAULT_TENANT,
         budget: Mapping[str, float] | None = None,
+        allow_unregistered: bool = False,
     ) -> Admitted:
         """Admit one job: the job as admitted (the original one when the idempotency key was seen, `created`
-        False). Over a queue cap raises `QueueFull`, while the agent's circuit is open `CircuitOpen`."""
-        req = JobRequest(agent, input, priority, requires, deadline_s, max_attempts, idempotency_key, tenant, budget)
+        False). Over a queue cap raises `QueueFull`, while the agent's circuit is open `CircuitOpen`. An agent
+        the app does not define is looked up in the live registry (`allow_unregistered`: accept it anyway)."""
+        req = JobRequest(
+            agent,
+            input,
+            priority,
+            requires,
+            deadline_s,
+            max_attempts,
+            idempotency_key,
+            tenant,
+            budget=budget,
+            allow_unregistered=allow_unregistered,
+        )
         return await self.service.submit(req)
 
     async def submit_many(self, requests: Sequence[JobRequest]) -> list[str]:
@@ -100,6 +113,10 @@ class LocalClient:
     async def workers(self, include_gone: bool = False) -> list[WorkerInfo]:
         """The registry."""
         return await self.service.workers(include_gone)
+
+    async def drain(self, worker_id: str, timeout_s: float | None = None) -> WorkerInfo:
+        """Ask a live worker to drain (`tenure drain`); `NotFound` for a worker not registered or gone."""
+        return await self.service.drain_worker(worker_id, timeout_s)
 
     async def wait(self, job_id: JobRef, timeout_s: float | None = None, poll_s: float = 0.05) -> Job:
         """Poll until the job reaches a terminal state (or raise TimeoutError)."""

@@ -27,6 +27,7 @@ from typing import Any
 
 from tenure.contracts.audit import parse_prices
 from tenure.contracts.errors import ConfigError
+from tenure.contracts.profile import parse_capabilities, parse_features
 from tenure.contracts.quotas import QuotaSpec, parse_quotas, quotas_from_table
 from tenure.control.admission import AdmissionLimits
 from tenure.control.gate import GateConfig
@@ -206,10 +207,6 @@ def _text(name: str, text: str) -> str:
     return text.strip()
 
 
-def _tags(name: str, text: str) -> tuple[str, ...]:
-    return tuple(t.strip() for t in text.split(",") if t.strip())
-
-
 def _optional(name: str, text: str) -> str | None:
     return text.strip() or None
 
@@ -244,10 +241,13 @@ _TABLE: dict[str, tuple[str, str, Callable[[str, str], Any]]] = {
     "drain_timeout_s": ("worker", "drain_timeout_s", _pos_float),
     "poll_s": ("worker", "poll_s", _pos_float),
     "concurrency": ("worker", "concurrency", _pos_int),
-    "capabilities": ("worker", "capabilities", _tags),
+    "capabilities": ("worker", "capabilities", lambda name, text: parse_capabilities(text, name)),
+    "features": ("worker", "features", lambda name, text: parse_features(text, name)),
     "claim_mode": ("worker", "claim_mode", _choice("one_step", "two_step")),
     "prices": ("worker", "prices", lambda name, text: parse_prices(text, name)),
     "retention_days": ("worker", "retention_days", lambda name, text: _pos_float(name, text, "days")),
+    "unhealthy_after": ("worker", "unhealthy_after", _pos_int),
+    "unhealthy_cooldown_s": ("worker", "unhealthy_cooldown_s", _pos_float),
     "lag_interval_s": ("worker", "lag_interval_s", _pos_float),
     "stall_threshold_s": ("worker", "stall_threshold_s", _pos_float),
     "degraded_lag_s": ("worker", "degraded_lag_s", _pos_float),
@@ -255,6 +255,7 @@ _TABLE: dict[str, tuple[str, str, Callable[[str, str], Any]]] = {
     "max_input_bytes": ("limits", "max_input_bytes", _pos_int),
     "default_deadline_s": ("limits", "default_deadline_s", _pos_float),
     "tenant_budgets": ("limits", "tenant_budgets", lambda name, text: parse_tenant_budgets(text, name)),
+    "allow_unregistered": ("limits", "allow_unregistered", _switch),
     "max_queued": ("gate", "max_queued", _pos_int),
     "max_queued_per_tenant": ("gate", "max_queued_per_tenant", _pos_int),
     "breaker_threshold": ("gate", "breaker_threshold", _pos_int),

@@ -3,9 +3,11 @@
 Each child runs in its own session, so Ctrl-C reaches only the supervisor, which forwards one SIGTERM to every
 child (workers drain: unstarted claims released at once, running jobs finish) and SIGKILLs what is still
 alive after the drain timeout. A child that dies while the supervisor is not stopping — a crash, an OOM kill,
-a SIGKILL — is started again after its own backoff (`Backoff`: 0.5 s doubling to 10 s, reset after a minute of
-uptime). Each child is watched by a task of its own, so one child waiting out a long backoff never delays the
-restart of another (a crash-looping worker must not keep the gateway, or the other workers, down).
+a SIGKILL — is started again after its own backoff (`Backoff`: 1 s doubling to 30 s, each wait multiplied by a
+random factor in [0.5, 1.0] — the jittered backoff of `control/retry.py` that a worker's registration uses too —
+reset after a minute of uptime). A worker that exits 0 drained (`tenure drain`, or a SIGTERM sent to it alone)
+and is not started again. Each child is watched by a task of its own, so one child waiting out a long backoff
+never delays the restart of another (a crash-looping worker must not keep the gateway, or the other workers, down).
 """
 
 from __future__ import annotations
@@ -13,12 +15,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import random
 import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from tenure.control.retry import REGISTER_CAP_S, REGISTER_FIRST_S, backoff_s
 from tenure.observability.multiprocess import process_exited
 
 log = logging.getLogger("tenure.up")
@@ -27,24 +31,22 @@ log = logging.getLogger("tenure.up")
 @dataclass
 class Backoff:
     """How long a dead child waits before it is started again: `first_s`, doubling up to `max_s` while it keeps
-    dying; a child that had been up for `reset_after_s` when it died starts over from `first_s` (one crash a
-    day is not a crash loop)."""
+    dying, each wait multiplied by a random factor in [0.5, 1.0] (`control.retry.backoff_s`); a child that had
+    been up for `reset_after_s` when it died starts over from `first_s` (one crash a day is not a crash loop)."""
 
-    first_s: float = 0.5
-    max_s: float = 10.0
+    first_s: float = REGISTER_FIRST_S
+    max_s: float = REGISTER_CAP_S
     reset_after_s: float = 60.0
-    next_s: float = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.next_s = self.first_s
+    rng: random.Random | None = None
+    deaths: int = field(default=0, init=False)
+    """Deaths in a row (since the last reset)."""
 
     def delay_after(self, uptime_s: float) -> float:
         """The delay before the next start of a child that died after `uptime_s` seconds of running."""
         if uptime_s >= self.reset_after_s:
-            self.next_s = self.first_s
-        delay = self.next_s
-        self.next_s = min(delay * 2, self.max_s)
-        return delay
+            self.deaths = 0
+        self.deaths += 1
+        return backoff_s(self.deaths, self.first_s, self.max_s, self.rng)
 
 
 @dataclass
@@ -54,6 +56,8 @@ class Child:
     name: str
     argv: list[str]
     backoff: Backoff = field(default_factory=Backoff)
+    drains: bool = False
+    """A worker: exiting 0 means it drained (`tenure drain`, a SIGTERM of its own), so it is not started again."""
     proc: asyncio.subprocess.Process | None = None
     started: float = 0.0
     restarts: int = 0
@@ -73,7 +77,7 @@ async def supervise(*, host: str, port: int, workers: int, inline: bool, env: di
             [*exe, "gateway", "--host", host, "--port", str(port), *(["--inline"] if inline else [])],
         )
     ]
-    children += [Child(f"worker-{i + 1}", [*exe, "worker"]) for i in range(workers)]
+    children += [Child(f"worker-{i + 1}", [*exe, "worker"], drains=True) for i in range(workers)]
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -124,6 +128,9 @@ async def _keep_running(child: Child, env: dict[str, str], stop: asyncio.Event, 
                 return
             process_exited(proc.pid)  # its live gauges stop counting in the aggregated /metrics
             if stop.is_set():
+                return
+            if child.drains and proc.returncode == 0:
+                log.info("%s (pid %d) drained and exited 0: not restarting it", child.name, proc.pid)
                 return
             what = f"{child.name} (pid {proc.pid}) exited with {proc.returncode}"
         else:

@@ -160,7 +160,7 @@ async def test_bad_requests_get_clear_problems_and_write_nothing(a: httpx.AsyncC
     is_problem(await post("/v1/jobs", json={"agent": "echo", "deadline_s": -1}), 422)
     is_problem(await post("/v1/jobs", json={"agent": "echo", "max_attempts": 0}), 422)
     is_problem(await post("/v1/jobs", json={"agent": "echo", "surprise": 1}), 422)
-    assert "registered agents" in is_problem(await post("/v1/jobs", json={"agent": "nope"}), 422)["detail"]
+    assert "known agents" in is_problem(await post("/v1/jobs", json={"agent": "nope"}), 422)["detail"]
     is_problem(await post("/v1/jobs", json={"agent": "echo"}, headers={"Idempotency-Key": "k" * 300}), 422)
     huge = b'{"agent": "echo", "input": "' + b"x" * (10 * 1024 * 1024) + b'"}'
     is_problem(await post("/v1/jobs", content=huge, headers={"Content-Type": "application/json"}), 413)

@@ -8,6 +8,7 @@ import re
 import shlex
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,17 @@ pytestmark = pytest.mark.slow
 
 def _blocks(text: str, lang: str) -> list[str]:
     return re.findall(rf"^```{lang}\n(.*?)^```", text, flags=re.MULTILINE | re.DOTALL)
+
+
+def _until_registered(cwd: Path, env: dict[str, str], timeout_s: float = 30.0) -> None:
+    """Wait until `tenure workers --json` lists a worker (the README's own registry command)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        out = subprocess.run(["tenure", "workers", "--json"], cwd=cwd, env=env, capture_output=True, text=True)
+        if out.returncode == 0 and json.loads(out.stdout or "[]"):
+            return
+        time.sleep(0.2)
+    raise AssertionError("the backgrounded worker never registered")
 
 
 def test_the_readme_example_runs_as_written(tmp_path: Path) -> None:
@@ -46,6 +58,7 @@ def test_the_readme_example_runs_as_written(tmp_path: Path) -> None:
                     words[:-1], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                     start_new_session=True,
                 )  # fmt: skip
+                _until_registered(tmp_path, env)  # the next command is typed once the worker is up
                 continue
             if "JOB_ID" in words:
                 continue  # placeholders
@@ -60,3 +73,4 @@ def test_the_readme_example_runs_as_written(tmp_path: Path) -> None:
             os.killpg(worker.pid, signal.SIGKILL)
             worker.wait(10)
     assert worker is not None, "the README starts a worker"
+    assert not any(c.startswith("export TENURE_APP") for c in commands), "the producer needs no app of its own"

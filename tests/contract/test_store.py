@@ -73,7 +73,7 @@ def finish(
 async def test_migrate_is_idempotent_and_reports_the_version(store: Store) -> None:
     # Each dialect numbers its own migrations (PostgreSQL has three SQLite does not need: 0003_signals, and
     # 0004_lease_lines and 0005_hand_over_expiry, whose functions SQLite runs as Python in one transaction).
-    latest = {"sqlite": 4, "postgres": 7}[store.dialect]
+    latest = {"sqlite": 5, "postgres": 8}[store.dialect]  # 0004_audit / 0007_audit, 0005_broker / 0008_broker
     assert await store.schema_version() == latest
     assert await store.migrate() == latest
     assert await store.schema_version() == latest

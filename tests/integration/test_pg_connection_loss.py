@@ -30,7 +30,7 @@ from tests.integration.procs import TTL, WorkerProc, eventually
 pytestmark = pytest.mark.slow
 
 # The application_name of each kind of connection a Tenure store holds (docs/observability.md).
-KINDS = ("tenure-claim", "tenure-listen", "tenure-pool")
+KINDS = ("tenure-claim", "tenure-heartbeat", "tenure-listen", "tenure-pool")
 
 
 def _admin_url(database: str) -> str:

@@ -66,3 +66,32 @@ async def test_a_child_that_ignores_sigterm_is_killed_after_the_drain_timeout() 
         async with asyncio.timeout(10):
             await run
     assert stubborn.proc is not None and stubborn.proc.returncode == -signal.SIGKILL
+
+
+async def test_a_worker_that_exits_0_after_a_drain_is_not_restarted_one_that_crashes_is() -> None:
+    # Each child exits at once the first time (drained: 0, crashed: 1), then sleeps when started again.
+    marker = f"/tmp/tenure-supervise-{os.getpid()}-{time.monotonic_ns()}"
+    script = "import os, sys, time\np = sys.argv[1]\nif not os.path.exists(p):\n    open(p, 'w').close()\n" \
+             "    sys.exit(int(sys.argv[2]))\ntime.sleep(600)\n"  # fmt: skip
+    drained = Child(
+        "worker-1", [sys.executable, "-c", script, marker + "-a", "0"], backoff=Backoff(first_s=0.1), drains=True
+    )
+    crashed = Child(
+        "worker-2", [sys.executable, "-c", script, marker + "-b", "1"], backoff=Backoff(first_s=0.1), drains=True
+    )
+    stop = asyncio.Event()
+    try:
+        async with asyncio.TaskGroup() as tg:
+            run = tg.create_task(run_children([drained, crashed], dict(os.environ), stop, kill_after_s=5))
+            async with asyncio.timeout(15):
+                while crashed.restarts < 1 or crashed.proc is None or crashed.proc.returncode is not None:
+                    await asyncio.sleep(0.02)
+            await asyncio.sleep(1.0)  # many backoffs of 0.1 s: a restart of worker-1 would have happened by now
+            assert drained.restarts == 0 and drained.proc is not None and drained.proc.returncode == 0
+            stop.set()
+            async with asyncio.timeout(10):
+                await run
+    finally:
+        for suffix in ("-a", "-b"):
+            if os.path.exists(marker + suffix):
+                os.unlink(marker + suffix)

@@ -35,7 +35,7 @@ def test_a_valid_request_takes_the_agents_defaults() -> None:
 @pytest.mark.parametrize(
     ("kw", "error", "message"),
     [
-        ({"agent": "nope"}, UnknownAgent, "unknown agent 'nope' \\(registered agents: echo\\)"),
+        ({"agent": "nope"}, UnknownAgent, "unknown agent 'nope': .*\\(known agents: echo\\).*--allow-unregistered"),
         ({"input": {"x": object()}}, InvalidRequest, "not JSON-serializable"),
         ({"input": float("nan")}, InvalidRequest, "not JSON-serializable"),
         ({"input": "x" * 200}, InputTooLarge, "limit is 100 bytes"),

@@ -55,6 +55,7 @@ ALLOWED: dict[str, str] = {
     "tenure.backends.sqlite.signals.SqliteSignals._watched": ROW,
     "tenure.contracts.types._id_last": ROW,
     "tenure.control.admission.InFlight._pending": ROW,
+    "tenure.control.directory.AgentDirectory._specs": ROW,
     "tenure.gateway.ui.labs.LabRunner._env": ROW,
     "tenure.gateway.ui.labs.LabRunner._runs": ROW,
     "tenure.gateway.ui.sessions.Sessions._keys": ROW,
@@ -104,6 +105,7 @@ ALLOWED: dict[str, str] = {
     "tenure.gateway.openapi._MODELS": CONSTANT,
     "tenure.gateway.openapi._JOB_ID": CONSTANT,
     "tenure.kernel.registry.Tenure._agents": CONSTANT,  # filled by decorators at import, read afterwards
+    "tenure.kernel.registry.Tenure._warmups": CONSTANT,  # filled by @app.warmup at import, read afterwards
     "tenure.settings._TABLE": CONSTANT,
     "tenure._LAZY": CONSTANT,  # the lazily loaded client side: name -> module
     "tenure.worker.claiming.OneStepClaimer._agents": CONSTANT,

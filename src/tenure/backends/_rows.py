@@ -144,4 +144,10 @@ def worker(r: Row, names: Names = array) -> WorkerInfo:
         started_at=r["started_at"],
         last_heartbeat=r["last_heartbeat"],
         jobs_held=names(r["jobs_held"]),
+        features=names(r["features"]),
+        success_rate=r["success_rate"],
+        latency_ms=r["latency_ms"],
+        consecutive_timeouts=r["consecutive_timeouts"],
+        drain_requested=bool(r["drain_requested"]),
+        agent_specs=r["agent_specs"],
     )

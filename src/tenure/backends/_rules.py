@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tenure.contracts.errors import MigrationError
+from tenure.contracts.profile import WorkerRecord
 from tenure.contracts.states import JobState
 from tenure.contracts.types import Finish, StoreHealth
 
@@ -165,3 +166,11 @@ def store_health(horizon: Any, tables: Sequence[Any]) -> StoreHealth:
         {r["name"]: int(r["live"]) for r in tables},
         {r["name"]: int(r["bytes"]) for r in tables},
     )
+
+
+def record_params(record: WorkerRecord | None) -> tuple[float | None, float | None, int | None]:
+    """The heartbeat's record parameters, in both dialects' order: success rate, latency EWMA (ms), hard timeouts
+    in a row; all NULL without a record, so the row keeps its own (docs/routing.md)."""
+    if record is None:
+        return None, None, None
+    return record.success_rate, record.latency_ms, record.consecutive_timeouts

@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from tenure.contracts.audit import AuditRecord, BudgetUse, StepRecord, StoredRecord
+from tenure.contracts.profile import WorkerRecord
 from tenure.contracts.states import WorkerState
 from tenure.contracts.store import JobStore, OffloadStats, Signals
 from tenure.contracts.types import (
@@ -168,9 +169,10 @@ class AfterCommit:
         return released
 
     async def heartbeat(
-        self, worker_id: str, state: WorkerState, in_flight: int, held: Sequence[Fence], ttl_s: float
-    ) -> HeartbeatReply:
-        return await self.store.heartbeat(worker_id, state, in_flight, held, ttl_s)
+        self, worker_id: str, state: WorkerState, in_flight: int, held: Sequence[Fence], ttl_s: float,
+        record: WorkerRecord | None = None,
+    ) -> HeartbeatReply:  # fmt: skip
+        return await self.store.heartbeat(worker_id, state, in_flight, held, ttl_s, record)
 
     # -- registry ------------------------------------------------------------------------------------------------
     async def register_worker(self, info: WorkerInfo) -> None:
@@ -181,6 +183,12 @@ class AfterCommit:
 
     async def list_workers(self, include_gone: bool = False) -> list[WorkerInfo]:
         return await self.store.list_workers(include_gone)
+
+    async def request_drain(self, worker_id: str, timeout_s: float | None) -> WorkerInfo | None:
+        return await self.store.request_drain(worker_id, timeout_s)
+
+    async def registry_agents(self) -> list[tuple[tuple[str, ...], str]]:
+        return await self.store.registry_agents()
 
     # -- history -------------------------------------------------------------------------------------------------
     async def read_events(self, job_id: str, after: tuple[int, int] | None, limit: int) -> list[Event]:

@@ -3,7 +3,7 @@ paragraph and exit non-zero (2 for bad usage or configuration, 1 for everything 
 
     _common.py   settings, output, input, the gateway client
     run.py       migrate, worker, gateway, up, doctor, demo, mock-model
-    jobs.py      submit, tail, cancel, approve, jobs, job, events, requeue, workers
+    jobs.py      submit, tail, cancel, approve, jobs, job, events, requeue, workers, drain
     audit.py     audit, usage
 """
 
@@ -18,6 +18,7 @@ from tenure.cli.audit import cmd_audit, cmd_usage
 from tenure.cli.jobs import (
     cmd_approve,
     cmd_cancel,
+    cmd_drain,
     cmd_events,
     cmd_job,
     cmd_jobs,
@@ -56,7 +57,12 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("worker", help="run a worker process (SIGTERM drains it)")
     common(sp, json_flag=False)
     sp.add_argument("--concurrency", type=int, help="job slots in this process (TENURE_CONCURRENCY; default 10)")
-    sp.add_argument("--capabilities", help="comma-separated capability tags this worker offers")
+    sp.add_argument(
+        "--capabilities",
+        help="comma-separated capabilities this worker offers: category/subcategory (text/summarize), "
+        "category/* for a whole category, or flat tags (TENURE_CAPABILITIES)",
+    )
+    sp.add_argument("--features", help="comma-separated features this worker offers, e.g. gpu,long (TENURE_FEATURES)")
     sp.add_argument("--heartbeat-s", type=float, help="heartbeat interval (TENURE_HEARTBEAT_S; default 5)")
     sp.add_argument("--claim-ttl-s", type=float, help="claim TTL, at least 3 heartbeats (TENURE_CLAIM_TTL_S)")
     sp.add_argument(
@@ -82,6 +88,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--timeout", type=float, default=None, help="with --wait: give up after this many seconds")
     sp.add_argument("--url", help="submit through this gateway (TENURE_URL) instead of the store directly")
     sp.add_argument("--follow", action="store_true", help="print the job's live event stream (needs a gateway)")
+    sp.add_argument(
+        "--allow-unregistered",
+        action="store_true",
+        help="accept an agent that neither the app nor any live worker knows yet (TENURE_ALLOW_UNREGISTERED)",
+    )
     sp.set_defaults(fn=cmd_submit)
 
     sp = sub.add_parser("tail", help="print a job's events until it finishes (live over SSE with --url)")
@@ -181,6 +192,12 @@ def build_parser() -> argparse.ArgumentParser:
     common(sp)
     sp.add_argument("--all", action="store_true", help="include workers that are gone")
     sp.set_defaults(fn=cmd_workers)
+
+    sp = sub.add_parser("drain", help="ask a worker to drain: finish what it holds, claim nothing new, exit 0")
+    common(sp)
+    sp.add_argument("worker_id", metavar="WORKER_ID", help="the worker's id (`tenure workers`)")
+    sp.add_argument("--timeout", type=float, help="seconds to finish running jobs (default: its TENURE_DRAIN_TIMEOUT_S)")
+    sp.set_defaults(fn=cmd_drain)
     return p
 
 

@@ -41,6 +41,9 @@ async def cmd_submit(args: argparse.Namespace) -> int:
     payload = read_input(args.input)
     url = gateway_url(args)
     if url is not None:
+        if args.allow_unregistered:
+            raise ConfigError("--allow-unregistered applies to a submit to the store: a gateway decides by its own "
+                              "TENURE_ALLOW_UNREGISTERED")  # fmt: skip
         return await _submit_via_gateway(args, url, payload)
     if args.follow:
         raise ConfigError("--follow streams from a gateway: give --url or TENURE_URL (or use --wait)")
@@ -56,6 +59,7 @@ async def cmd_submit(args: argparse.Namespace) -> int:
             deadline_s=args.deadline_s,
             max_attempts=args.max_attempts,
             budget=read_budget(args.budget),
+            allow_unregistered=args.allow_unregistered,
         )
         job_id = admitted.job.id
         if not args.wait:
@@ -180,11 +184,18 @@ async def cmd_workers(args: argparse.Namespace) -> int:
         workers = await client.workers(include_gone=args.all)
 
         def human() -> None:
-            print(f"{'ID':40}  {'HOST':16}  {'PID':>7}  {'STATE':9}  {'SLOTS':>5}  {'HEARTBEAT':12}  JOBS HELD")
+            print(
+                f"{'ID':40}  {'HOST':16}  {'PID':>7}  {'STATE':9}  {'BUSY':>7}  {'OK':>5}  {'LATENCY':>9}  "
+                f"{'HEARTBEAT':12}  JOBS HELD  CAPABILITIES / FEATURES"
+            )
             for w in workers:
+                ok = "-" if w.success_rate is None else f"{w.success_rate:.0%}"
+                latency = "-" if w.latency_ms is None else f"{w.latency_ms:.0f} ms"
+                offers = ",".join(w.capabilities) or "-"
                 print(
-                    f"{w.id:40}  {w.host:16.16}  {w.pid:>7}  {w.state.value:9}  {w.concurrency:>5}  "
-                    f"{ts(w.last_heartbeat):12}  {len(w.jobs_held)}"
+                    f"{w.id:40}  {w.host:16.16}  {w.pid:>7}  {w.state.value:9}  {f'{w.in_flight}/{w.concurrency}':>7}  "
+                    f"{ok:>5}  {latency:>9}  {ts(w.last_heartbeat):12}  {len(w.jobs_held):>9}  "
+                    f"{offers} / {','.join(w.features) or '-'}"
                 )
 
         out(args, [w.to_dict() for w in workers], human)
@@ -257,3 +268,20 @@ async def cmd_approve(args: argparse.Namespace) -> int:
                 outcome = "unknown"
     out(args, {"id": args.id, "outcome": outcome}, lambda: print(outcome))
     return 0 if outcome in ("requested", "accepted") else 1
+
+
+async def cmd_drain(args: argparse.Namespace) -> int:
+    async def go(client: LocalClient) -> int:
+        w = await client.drain(args.worker_id, args.timeout)
+        within = "its TENURE_DRAIN_TIMEOUT_S" if args.timeout is None else f"{args.timeout:g} s"
+        out(
+            args,
+            w.to_dict(),
+            lambda: print(
+                f"worker {w.id} draining: at its next heartbeat it stops claiming, finishes what it holds within "
+                f"{within}, fails the rest with worker_shutdown, and exits 0"
+            ),
+        )
+        return 0
+
+    return await with_client(args, go)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import logging
 import os
@@ -13,6 +14,7 @@ from typing import Any
 
 from tenure.app import Runtime, load_app, open_backends
 from tenure.cli._common import out, settings_of
+from tenure.contracts.profile import parse_capabilities, parse_features
 from tenure.contracts.store import JobStore
 from tenure.observability.logs import set_process_log_fields
 
@@ -31,14 +33,18 @@ async def cmd_migrate(args: argparse.Namespace) -> int:
 
 
 async def cmd_worker(args: argparse.Namespace) -> int:
+    from tenure.control.retry import keep_trying
+    from tenure.worker import Worker
     from tenure.worker.faults import Faults
+    from tenure.worker.worker import incarnation_id
 
     settings = settings_of(
         args,
         concurrency=args.concurrency,
         heartbeat_s=args.heartbeat_s,
         claim_ttl_s=args.claim_ttl_s,
-        capabilities=tuple(args.capabilities.split(",")) if args.capabilities else None,
+        capabilities=parse_capabilities(args.capabilities) if args.capabilities else None,
+        features=parse_features(args.features) if args.features else None,
         metrics_port=args.metrics_port,
     )
     stop = asyncio.Event()
@@ -57,10 +63,30 @@ async def cmd_worker(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal, sig)
     stop_metrics = None
+    faults = Faults.parse(settings.faults)
+    worker_id = incarnation_id()  # one id for this incarnation, whatever the registration attempts
+    set_process_log_fields(role="worker", worker_id=worker_id)  # every line of this process, threads too
+
+    async def registered() -> tuple[contextlib.AsyncExitStack, Runtime, Worker]:
+        stack = contextlib.AsyncExitStack()
+        try:
+            rt = await stack.enter_async_context(Runtime.open(settings))
+            w = await rt.worker(faults=faults, worker_id=worker_id)
+            await w.register()
+        except BaseException:
+            await stack.aclose()
+            raise
+        return stack, rt, w
+
+    # A store (or Redis) not reachable yet is waited for, never a crash: 1 s doubling to 30 s, jittered, each
+    # attempt logged (control/retry.py). SIGTERM meanwhile ends the process cleanly.
+    opened = await keep_trying(registered, what="worker registration", log=log, stop=stop)
+    if opened is None:
+        log.info("stopped before the worker could register")
+        return 0
+    stack, runtime, worker = opened
     try:
-        async with Runtime.open(settings) as runtime:
-            worker = await runtime.worker(faults=Faults.parse(settings.faults))
-            set_process_log_fields(role="worker", worker_id=worker.id)  # every line of this process, threads too
+        async with stack:
             stop_metrics = await _serve_worker_metrics(worker, runtime.jobs, settings.metrics_port, args.metrics_host)
             # What exists now (imports, the app, connections) lives as long as the process: frozen out of the
             # collector's generations, it is not traversed by every collection. W2 probe, 4 interleaved pairs:

@@ -71,7 +71,9 @@ def check_transition(current: JobState, target: JobState) -> None:
 class WorkerState(StrEnum):
     """Lifecycle of a worker incarnation in the registry."""
 
+    WARMING = "warming"  # running its app's warm-up functions: claims nothing yet
     ACTIVE = "active"
+    UNHEALTHY = "unhealthy"  # hard timeouts in a row: claims nothing new until its cool-down ends
     DEGRADED = "degraded"  # loop lag over threshold: keeps its claims, claims nothing new
     DRAINING = "draining"
     GONE = "gone"

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from tenure.contracts.audit import AuditRecord, BudgetUse, StepRecord, StoredRecord
+from tenure.contracts.profile import WorkerRecord
 from tenure.contracts.states import JobState, WorkerState
 from tenure.contracts.types import (
     AdmissionState,
@@ -202,9 +203,12 @@ class JobStore(Protocol):
         ...
 
     async def heartbeat(
-        self, worker_id: str, state: WorkerState, in_flight: int, held: Sequence[Fence], ttl_s: float
-    ) -> HeartbeatReply:
-        """One round trip: mark the worker alive and extend every held claim still owned by this fence."""
+        self, worker_id: str, state: WorkerState, in_flight: int, held: Sequence[Fence], ttl_s: float,
+        record: WorkerRecord | None = None,
+    ) -> HeartbeatReply:  # fmt: skip
+        """One round trip: mark the worker alive (its state, and its `record` when given) and extend every held
+        claim still owned by this fence. The reply carries a drain request: once one was made, the row stays
+        `draining` whatever state the worker reports (until `gone`)."""
         ...
 
     # -- registry ------------------------------------------------------------------------------------------------
@@ -218,6 +222,16 @@ class JobStore(Protocol):
 
     async def list_workers(self, include_gone: bool = False) -> list[WorkerInfo]:
         """The registry, with the jobs each worker holds."""
+        ...
+
+    async def request_drain(self, worker_id: str, timeout_s: float | None) -> WorkerInfo | None:
+        """Ask a live worker to drain (it learns of it at its next heartbeat) and mark it `draining`; None when
+        no worker of this id is registered and not gone. Asking again replaces the timeout."""
+        ...
+
+    async def registry_agents(self) -> list[tuple[tuple[str, ...], str]]:
+        """The agents of every worker not gone, with their recorded specs (JSON text, contracts/profile.py),
+        most recently started worker first: what admission knows without the workers' code."""
         ...
 
     # -- history -------------------------------------------------------------------------------------------------

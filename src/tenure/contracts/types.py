@@ -319,12 +319,22 @@ class WorkerInfo:
     started_at: float | None = None
     last_heartbeat: float | None = None
     jobs_held: tuple[str, ...] = ()
+    # The profile (contracts/profile.py, docs/routing.md): features, the worker's own record, a drain request.
+    features: tuple[str, ...] = ()
+    success_rate: float | None = None
+    latency_ms: float | None = None
+    consecutive_timeouts: int = 0
+    drain_requested: bool = False
+    agent_specs: str = "{}"
+    """Written at registration (contracts/profile.py `specs_json`); not part of `to_dict`."""
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
+        del out["agent_specs"]
         out["state"] = self.state.value
         out["agents"] = list(self.agents)
         out["capabilities"] = list(self.capabilities)
+        out["features"] = list(self.features)
         out["jobs_held"] = list(self.jobs_held)
         return out
 
@@ -335,6 +345,9 @@ class HeartbeatReply:
 
     renewed: frozenset[str]
     cancel_requested: frozenset[str]
+    drain: bool = False
+    """An operator asked this worker to drain (`tenure drain`), within `drain_timeout_s` (None: its own)."""
+    drain_timeout_s: float | None = None
 
     def lost(self, held: Sequence[Fence]) -> list[Fence]:
         return [f for f in held if f.job_id not in self.renewed]

@@ -38,6 +38,7 @@ from tenure.contracts.ready import ReadyHint, ReadyIndex
 from tenure.contracts.store import Store
 from tenure.contracts.text import holds_nul
 from tenure.contracts.types import DEFAULT_TENANT, AgentSpec, Enqueued, Job, NewJob, check_replay, new_id
+from tenure.control.directory import AgentDirectory
 from tenure.control.gate import CircuitOpen, Gate, GateConfig, GateObserver, QueueFull
 from tenure.control.models import KEY, TENANT, JobSpec, check, shown, validated
 from tenure.control.tenant_budgets import TenantBudget, check_tenant_budgets
@@ -167,6 +168,9 @@ class AdmissionLimits:
     default_deadline_s: float | None = 300.0
     # TENURE_TENANT_BUDGETS (control/tenant_budgets.py): tenants refused new jobs while over their usage budget.
     tenant_budgets: Mapping[str, TenantBudget] = field(default_factory=dict)
+    allow_unregistered: bool = False
+    """Admit an agent that neither the app nor any live worker knows (TENURE_ALLOW_UNREGISTERED), with the plain
+    defaults of `AgentSpec`, for workers that are not up yet."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,6 +186,8 @@ class JobRequest:
     idempotency_key: str | None = None
     tenant: str = DEFAULT_TENANT
     budget: Mapping[str, float] | None = None
+    allow_unregistered: bool = False
+    """Admit this agent even if neither the app nor a live worker knows it (`tenure submit --allow-unregistered`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,9 +230,12 @@ class Admission:
         *,
         gate: GateConfig | None = None,
         on_gate: GateObserver | None = None,
+        directory: AgentDirectory | None = None,
     ) -> None:
         self.store = store
         self.agents = dict(agents)
+        # Agents not in the app are looked up in the live registry (control/directory.py, docs/routing.md).
+        self.directory = directory if directory is not None else AgentDirectory(store)
         # Optional accelerator: new jobs are hinted to the ready index after the store committed them.
         self.ready_index = ready_index
         self.limits = limits or AdmissionLimits()
@@ -236,10 +245,7 @@ class Admission:
     def build(self, req: JobRequest) -> NewJob:
         """Validate one request; raise `InvalidRequest` (or a subclass) with a message a client can act on."""
         fields = validated(JobSpec, _spec_fields(req), "the request")
-        spec = self.agents.get(fields.agent)
-        if spec is None:
-            known = ", ".join(sorted(self.agents)) or "none"
-            raise UnknownAgent(f"unknown agent {shown(fields.agent)} (registered agents: {known})")
+        spec = self._spec_of(fields.agent, req.allow_unregistered)
         input_json, size = _input_json(req.input)
         if size > self.limits.max_input_bytes:
             raise InputTooLarge(
@@ -285,6 +291,7 @@ class Admission:
     async def admit(self, req: JobRequest) -> Admitted:
         """Admit one job: build → same-process dedupe of its key → gate → enqueue → hint. The answer is the job as
         inserted (or, for a replayed key, the original job): nothing is read back."""
+        await self.resolve([req])
         job = self.build(req)
         if job.idem_digest is None:
             return await self._admit(job)
@@ -293,6 +300,8 @@ class Admission:
     async def admit_many(self, reqs: Iterable[JobRequest]) -> list[Admitted]:
         """Admit a batch in one enqueue: every request is validated and the caps are checked for the whole batch
         first (all or nothing), so a batch that would pass a cap is refused whole."""
+        reqs = list(reqs)
+        await self.resolve(reqs)
         jobs = [self.build(r) for r in reqs]
         if not jobs:
             return []
@@ -305,6 +314,27 @@ class Admission:
         out = await self.store.enqueue(jobs)
         await self.hint(jobs, out)
         return [Admitted(e.job, e.created) for e in out]
+
+    async def resolve(self, reqs: Sequence[JobRequest]) -> None:
+        """Read the live registry (cached, control/directory.py) when a request names an agent the app does not
+        define, so that `build` can find it there."""
+        names = {r.agent for r in reqs if isinstance(r.agent, str) and r.agent not in self.agents}
+        if names:
+            await self.directory.resolve(names)
+
+    def _spec_of(self, name: str, allow_unregistered: bool) -> AgentSpec:
+        """The agent's spec: the app's, else the live registry's, else (when allowed) the plain defaults."""
+        spec = self.agents.get(name) or self.directory.specs.get(name)
+        if spec is not None:
+            return spec
+        if allow_unregistered or self.limits.allow_unregistered:
+            return AgentSpec(name)
+        known = ", ".join(sorted(self.agents.keys() | self.directory.specs.keys())) or "none"
+        raise UnknownAgent(
+            f"unknown agent {shown(name)}: the app does not define it and no live worker serves it (known agents: "
+            f"{known}); start a worker that serves it, or accept it for a worker not up yet with "
+            "--allow-unregistered (TENURE_ALLOW_UNREGISTERED=1)"
+        )
 
     async def _admit(self, job: NewJob) -> Admitted:
         try:

@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
-from tenure.contracts.errors import NotFound
+from tenure.contracts.errors import InvalidRequest, NotFound
 from tenure.contracts.states import JobState
 from tenure.contracts.store import Store
 from tenure.contracts.text import dumps
@@ -22,6 +22,8 @@ from tenure.control.admission import Admission, Admitted, JobRequest
 from tenure.control.models import ApprovalBody, InputBody, RequeueBody, shown, validated
 
 MAX_WAIT_S = 30.0
+MAX_DRAIN_S = 86400.0
+"""The longest drain timeout an operator may give (`tenure drain --timeout`, `POST /v1/workers/{id}/drain`)."""
 """The longest a cancel waits for the owner to finish the job (`POST /v1/jobs/{id}/cancel?wait=`)."""
 
 
@@ -69,6 +71,20 @@ class JobsService:
     async def workers(self, include_gone: bool = False) -> list[WorkerInfo]:
         """The registry."""
         return await self.store.list_workers(include_gone)
+
+    async def drain_worker(self, worker_id: str, timeout_s: float | None = None) -> WorkerInfo:
+        """Ask a live worker to drain (docs/routing.md): it learns of it at its next heartbeat, claims nothing
+        new, finishes what it holds within `timeout_s` (None: its own TENURE_DRAIN_TIMEOUT_S), fails the rest
+        with `worker_shutdown` and exits 0. `NotFound` for a worker not registered or gone."""
+        number = isinstance(timeout_s, int | float) and not isinstance(timeout_s, bool)
+        if timeout_s is not None and not (number and 0 <= timeout_s <= MAX_DRAIN_S):
+            raise InvalidRequest(f"the drain timeout must be a number of seconds from 0 to {MAX_DRAIN_S:g}")
+        if not isinstance(worker_id, str) or not 0 < len(worker_id) <= 200 or not worker_id.isprintable():
+            raise NotFound(f"no live worker {worker_id!r} (`tenure workers` lists them)")
+        drained = await self.store.request_drain(worker_id, None if timeout_s is None else float(timeout_s))
+        if drained is None:
+            raise NotFound(f"no live worker {worker_id!r} (`tenure workers` lists them)")
+        return drained
 
     # -- control -----------------------------------------------------------------------------------------------------
     async def cancel(self, job_id: str, tenant: str | None = None, wait_s: float = 0.0) -> ControlOutcome:

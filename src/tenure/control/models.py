@@ -201,6 +201,12 @@ class WorkerOut(BaseModel):
     started_at: float | None
     last_heartbeat: float | None
     jobs_held: int | list[str]
+    # The profile (docs/routing.md): features, the worker's own record, whether a drain was asked for.
+    features: list[str]
+    success_rate: float | None
+    latency_ms: float | None
+    consecutive_timeouts: int
+    drain_requested: bool
 
 
 class WorkerList(BaseModel):

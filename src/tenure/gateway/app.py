@@ -8,7 +8,7 @@
     POST /v1/jobs/{id}/approve    persisted, then delivered to the owner
     GET  /v1/jobs/{id}/events     SSE (Last-Event-ID) or JSON history (?format=json&after=)
     WS   /v1/ws                   submit, subscribe with a cursor, cancel, input, approve on one socket
-    GET  /v1/workers, /healthz, /readyz, /openapi.json
+    GET  /v1/workers, /healthz, /readyz, /openapi.json; POST /v1/workers/{id}/drain (admin)
 
 Every request is scoped to the caller's tenant: another tenant's job is answered like a missing one (404).
 """
@@ -134,6 +134,7 @@ class Gateway:
             Route("/v1/jobs/{job_id}/requeue", self.requeue, methods=["POST"]),
             Route("/v1/usage", self.usage, methods=["GET"]),
             Route("/v1/workers", self.workers, methods=["GET"]),
+            Route("/v1/workers/{worker_id}/drain", self.drain_worker, methods=["POST"]),
             Route("/healthz", self.healthz, methods=["GET"]),
             Route("/readyz", self.readyz, methods=["GET"]),
             Route("/openapi.json", self.openapi, methods=["GET"]),
@@ -385,6 +386,18 @@ class Gateway:
                 d["jobs_held"] = len(w.jobs_held)  # job ids of every tenant are the admin's to see
             out.append(d)
         return JSONResponse({"workers": out})
+
+    async def drain_worker(self, request: Request) -> Response:
+        """POST /v1/workers/{id}/drain (admin key; optional body `{"timeout_s": S}`): ask a live worker to drain
+        at its next heartbeat (docs/routing.md); 202 with the worker as the registry now shows it."""
+        who = self._principal(request)
+        body = await self._body(request) if request.headers.get("content-length", "0") != "0" else {}
+        if not who.is_admin:  # after the body: a malformed one is refused alike for everyone (400)
+            raise Problem(403, "Forbidden", "draining a worker needs the admin key", "forbidden")
+        if not isinstance(body, dict) or set(body) - {"timeout_s"}:
+            raise Problem(422, "Invalid request", 'the body is optional: {"timeout_s": seconds}', "invalid-request")
+        drained = await self.jobs.drain_worker(request.path_params["worker_id"], body.get("timeout_s"))
+        return JSONResponse(drained.to_dict(), 202)
 
     async def healthz(self, _request: Request) -> Response:
         """GET /healthz: the process is up."""

@@ -15,7 +15,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
 from tenure.contracts.states import JobState
-from tenure.control.jobs import MAX_WAIT_S
+from tenure.control.jobs import MAX_DRAIN_S, MAX_WAIT_S
 from tenure.control.models import (
     KEY,
     ApprovalBody,
@@ -101,7 +101,11 @@ def openapi_document(agents: list[str]) -> dict[str, Any]:
     schemas = _schemas()
     agent = schemas["JobSpec"]["properties"]["agent"]
     agent["enum"] = agents or [""]
-    schemas["JobSpec"]["description"] += " Registered agents: " + (", ".join(agents) or "none")
+    # Admission also accepts the agents of live workers (docs/routing.md); the enum names the app's own, those a
+    # client can count on whichever workers are up.
+    schemas["JobSpec"]["description"] += (
+        " Registered agents: " + (", ".join(agents) or "none") + " (and those of the live workers, docs/routing.md)"
+    )
     idempotency_key = {"name": "Idempotency-Key", "in": "header", "required": False, "schema": KEY.json_schema()}
     return {
         "openapi": "3.1.0",
@@ -258,6 +262,34 @@ def openapi_document(agents: list[str]) -> dict[str, Any]:
                 "get": {
                     "operationId": "listWorkers",
                     "responses": {"200": _json("the registry", "WorkerList"), "401": _problem("no valid API key")},
+                }
+            },
+            "/v1/workers/{worker_id}/drain": {
+                "post": {
+                    "operationId": "drainWorker",
+                    "parameters": [{"name": "worker_id", "in": "path", "required": True, "schema": {"type": "string"}}],
+                    "requestBody": {
+                        "required": False,
+                        "content": {
+                            "application/json": {
+                                "schema": {
+                                    "type": "object",
+                                    "properties": {"timeout_s": {"type": "number", "minimum": 0, "maximum": MAX_DRAIN_S}},
+                                    "additionalProperties": False,
+                                }
+                            }
+                        },
+                    },
+                    "responses": {
+                        "202": _json("asked: the worker as the registry now shows it (draining)", "WorkerOut"),
+                        "400": _BAD_JSON,
+                        "401": _problem("no valid API key"),
+                        "403": _problem("not the admin key"),
+                        "404": _problem("no live worker of this id"),
+                        "413": _problem("body too large"),
+                        "422": _problem("invalid body"),
+                        "503": _problem("the store does not answer"),
+                    },
                 }
             },
             "/healthz": {"get": {"operationId": "healthz", "security": [], "responses": {"200": _json("alive", "Health")}}},

@@ -49,6 +49,7 @@ class Tenure:
     def __init__(self, name: str = "tenure") -> None:
         self.name = name
         self._agents: dict[str, Agent] = {}
+        self._warmups: list[Handler] = []
 
     def agent(
         self,
@@ -95,6 +96,20 @@ class Tenure:
             return fn
 
         return register
+
+    def warmup(self, fn: Handler) -> Handler:
+        """Register the decorated function (no arguments; async, or sync and run in a thread) to run in each worker
+        before it claims anything: the worker shows `warming` meanwhile, then `active` (docs/routing.md). One that
+        raises stops the worker (exit 1) before it took a job."""
+        if not callable(fn):
+            raise ConfigError("@app.warmup decorates a function")
+        self._warmups.append(fn)
+        return fn
+
+    @property
+    def warmups(self) -> list[Handler]:
+        """The warm-up functions, in the order they were registered."""
+        return list(self._warmups)
 
     def get(self, name: str) -> Agent | None:
         """The agent registered under `name`, if any."""

@@ -21,7 +21,8 @@ class WorkerConfig:
     sweep_interval_s: float = 1.0
     drain_timeout_s: float = 30.0
     poll_s: float = 1.0
-    capabilities: tuple[str, ...] = ()
+    capabilities: tuple[str, ...] = ()  # `category/subcategory` (text/summarize), `category/*`, or flat tags
+    features: tuple[str, ...] = ()  # plain names (gpu, long): shown in the profile (docs/routing.md)
     event_buffer: int = 1000
     blocking_max_in_flight: int = 32
     blocking_max_queued: int = 1000
@@ -50,6 +51,10 @@ class WorkerConfig:
     # batch of `retention_batch` per sweep (docs/retention.md).
     retention_days: float = 30.0
     retention_batch: int = 100
+    # Health (worker/health.py, docs/routing.md): this many hard timeouts in a row make the worker `unhealthy`,
+    # claiming nothing new for the cool-down; then it is `active` again.
+    unhealthy_after: int = 3
+    unhealthy_cooldown_s: float = 60.0
 
     def __post_init__(self) -> None:
         # The one copy of the rule (settings.py builds this section): a heartbeat that is late once (a busy loop,

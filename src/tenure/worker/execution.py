@@ -350,6 +350,7 @@ class Execution:
             await self._stop_handler(handler)
             raise
         if not done:
+            env.observer.timed_out()  # counted now, before its slot frees: health acts before the next claim
             stopped = await self._stop_handler(handler)
             raise HandlerTimeout(claim.timeout_s, stopped, env.config.cancel_grace_s)
         return handler.result()

@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 
 from tenure.contracts.errors import StoreUnavailable
 from tenure.contracts.store import Signals, Store
@@ -47,6 +48,8 @@ class Heartbeat:
         self._last_renewed = time.monotonic()
         self._fence: asyncio.TimerHandle | None = None
         self._fenced_after = -1.0  # the last renewal after which this worker fenced itself (logged once)
+        self.on_drain: Callable[[float | None], None] | None = None
+        """Called with the drain timeout when a heartbeat reply carries an operator's drain request."""
 
     async def run(self) -> None:
         """The heartbeat loop. Self-fencing rides a loop timer beside it (see `_fence_lapsed`)."""
@@ -109,8 +112,11 @@ class Heartbeat:
         fences = held.fences()
         sent = time.monotonic()
         try:
-            reply = await self._store.heartbeat(self._worker_id, state, len(held.running), fences, cfg.claim_ttl_s)
+            reply = await self._store.heartbeat(
+                self._worker_id, state, len(held.running), fences, cfg.claim_ttl_s, self._obs.record.snapshot()
+            )
         except StoreUnavailable as exc:
+            self._obs.record.resend()  # the next heartbeat carries the record this one did not deliver
             log.warning("heartbeat failed: %s", exc)
             return  # the fence's timer stops everything once a whole TTL passed without a renewal
         self._last_renewed = sent
@@ -120,6 +126,8 @@ class Heartbeat:
                 held.lose(f.job_id)
         for job_id in reply.cancel_requested:
             held.cancel(job_id)
+        if reply.drain and self.on_drain is not None:
+            self.on_drain(reply.drain_timeout_s)
 
     async def run_quotas(self) -> None:
         """Renew every quota lease of this process in one round trip per interval (a lost one cancels its

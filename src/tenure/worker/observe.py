@@ -27,6 +27,7 @@ from tenure.contracts.types import Claim, JobCounts, Started, StoreHealth, Sweep
 from tenure.kernel.blocking import BlockingAdapter, ProcessAdapter
 from tenure.kernel.lag import LagSampler
 from tenure.observability import metrics as m
+from tenure.worker.record import Record
 
 log = logging.getLogger("tenure.worker")
 
@@ -48,6 +49,8 @@ class WorkerObserver:
         degraded_for_s: float,
     ) -> None:
         self.worker_id = worker_id
+        self.record = Record()
+        """Its own record (worker/record.py), sent with each heartbeat."""
         self.heartbeat_s = heartbeat_s
         self.degraded_lag_s = degraded_lag_s
         self.degraded_for_s = degraded_for_s
@@ -222,6 +225,10 @@ class WorkerObserver:
         """One model or tool call, timed by `ctx.external(kind)`."""
         m.EXTERNAL.labels(agent, kind).observe(seconds)
 
+    def timed_out(self) -> None:
+        """An execution ran past its hard timeout (its finish follows): its worker's record counts it now."""
+        self.record.timed_out()
+
     def finished(
         self,
         claim: Claim,
@@ -247,6 +254,7 @@ class WorkerObserver:
         if not matched:
             log.warning("job finish not recorded: ownership was lost", extra=fields)
             return
+        self.record.finished(state, error_code, duration_s)
         if state is JobState.SCHEDULED:
             m.RETRIES.labels(claim.agent).inc()
             log.info("job failed, retry scheduled", extra=fields)

@@ -20,15 +20,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import os
 import socket
+import time
 from typing import Any
 
-from tenure.contracts.errors import ConfigError, StoreUnavailable
+from tenure.contracts.errors import ConfigError, StoreUnavailable, TenureError
+from tenure.contracts.profile import specs_json
 from tenure.contracts.ready import ReadyIndex
 from tenure.contracts.states import WorkerState
 from tenure.contracts.store import Backends, Leases
+from tenure.contracts.text import describe_error
 from tenure.contracts.types import Claim, Started, WorkerInfo, new_id
 from tenure.control.quotas import QuotaManager
 from tenure.kernel.blocking import BlockingAdapter, ProcessAdapter
@@ -55,6 +59,17 @@ from tenure.worker.slots import Slots
 log = logging.getLogger("tenure.worker")
 
 
+class WarmupFailed(TenureError):
+    """A `@app.warmup` function raised: the worker left the registry without taking a job."""
+
+    code = "warmup_failed"
+
+
+def incarnation_id() -> str:
+    """A new worker incarnation's id, `host:pid:random`: a restarted worker is a new member of the registry."""
+    return f"{socket.gethostname()}:{os.getpid()}:{new_id()[-8:]}"
+
+
 class Worker:
     """One worker incarnation. `await Worker(backends, app, config).run(stop_event)`."""
 
@@ -79,7 +94,8 @@ class Worker:
         # a configured manager, quotas live on the store's leases table and no key is configured.
         self.quotas = quotas or QuotaManager(backends.leases, {}, ttl_s=cfg.claim_ttl_s)
         self.host = socket.gethostname()
-        self.id = worker_id or f"{self.host}:{os.getpid()}:{new_id()[-8:]}"
+        self.id = worker_id or incarnation_id()
+        self._registered = False
         self.agents = sorted(app.agents)
         self.finished = 0
         self._stopping = asyncio.Event()
@@ -93,7 +109,10 @@ class Worker:
             degraded_lag_s=cfg.degraded_lag_s,
             degraded_for_s=cfg.degraded_for_s,
         )
-        self.health = Health(self._obs)
+        self.health = Health(self._obs, cfg.unhealthy_after, cfg.unhealthy_cooldown_s)
+        if app.warmups:
+            self.health.warming()  # registers as `warming`; `active` once `_warm_up` ran them all
+        self.warmup_error: BaseException | None = None
         self.slots = Slots(cfg.concurrency)
         self.held = Held(self.slots)
         self.completer = Completer(
@@ -163,6 +182,10 @@ class Worker:
             after_round=gate.settle if gate is not None else None,
         )
         self._heartbeat = Heartbeat(store, backends.signals, self.id, cfg, self.held, self.health, self._obs, self.quotas)
+        # An operator's drain (`tenure drain`, POST /v1/workers/{id}/drain) arrives with a heartbeat reply.
+        self._drain_requested = asyncio.Event()
+        self._drain_timeout_s: float | None = None
+        self._heartbeat.on_drain = self.request_drain
         # The sweeper duty lives in the store's leases table unless other leases are given.
         self._sweeper = SweeperDuty(store, leases or backends.leases, self.id, cfg, self._obs, ready_index)
 
@@ -180,12 +203,22 @@ class Worker:
             agents=tuple(self.agents),
             capabilities=tuple(self.config.capabilities),
             state=self.state,
+            features=tuple(self.config.features),
+            agent_specs=specs_json(self.app.specs()),
         )
+
+    async def register(self) -> None:
+        """Enter the registry (its agents with their specs, capabilities, features); `run` does it unless done.
+        Raises `StoreUnavailable` when the store does not answer (`tenure worker` then tries again, with
+        backoff: control/retry.py `keep_trying`)."""
+        await self.store.register_worker(self.info())
+        self._registered = True
 
     async def run(self, stop: asyncio.Event) -> None:
         """Run until `stop` is set, then drain: release unstarted claims at once, let running executions
         finish (up to the drain timeout), and leave the registry."""
-        await self.store.register_worker(self.info())
+        if not self._registered:
+            await self.register()
         log.info("worker %s up: %d slots, agents %s", self.id, self.config.concurrency, ", ".join(self.agents))
         async with asyncio.TaskGroup() as loops:
             writer = loops.create_task(keep_running("writer", self.completer.run), name="writer")
@@ -196,8 +229,10 @@ class Worker:
             quotas = loops.create_task(keep_running("quota", self._heartbeat.run_quotas), name="quota-wakeups")
             async with asyncio.TaskGroup() as executions:
                 self._executions = executions
-                claimer = executions.create_task(keep_running("claim", self._claim_loop.run), name="claim-loop")
-                await stop.wait()
+                claimer = None
+                if await self._warm_up(stop):
+                    claimer = executions.create_task(keep_running("claim", self._claim_loop.run), name="claim-loop")
+                    await _either(stop, self._drain_requested)
                 await self._drain(claimer)
             self._executions = None
             for task in (sweeper, control, quotas):
@@ -207,6 +242,42 @@ class Worker:
             heartbeat.cancel()
             lag_sampler.cancel()
         await self._leave()
+        if self.warmup_error is not None:
+            raise WarmupFailed(f"a warm-up function failed, the worker took no job: {self.warmup_error}")
+
+    async def _warm_up(self, stop: asyncio.Event) -> bool:
+        """Run the app's `@app.warmup` functions (heartbeats go on meanwhile; nothing is claimed), then turn
+        `active`. False: one raised (the worker leaves without claiming) or the worker was stopped meanwhile."""
+        warmups = self.app.warmups
+        if not warmups:
+            return True
+        log.info("warming up: %d warm-up functions", len(warmups))
+        began = time.monotonic()
+        for fn in warmups:
+            try:
+                result = await asyncio.to_thread(fn) if not inspect.iscoroutinefunction(fn) else await fn()
+                if inspect.isawaitable(result):
+                    await result
+            except Exception as exc:
+                log.error("warm-up %s failed: %s", getattr(fn, "__name__", fn), describe_error(exc))
+                self.warmup_error = exc
+                return False
+            if stop.is_set() or self._drain_requested.is_set():
+                return False
+        self.health.warmed()
+        with contextlib.suppress(StoreUnavailable):
+            await self.store.set_worker_state(self.id, self.health.state)
+        log.info("warm-up done in %.2f s: claiming", time.monotonic() - began)
+        return True
+
+    def request_drain(self, timeout_s: float | None = None) -> None:
+        """Drain as a stop would (the same path as SIGTERM), within `timeout_s` (None: TENURE_DRAIN_TIMEOUT_S);
+        `run` then returns, and `tenure worker` exits 0. A second request changes nothing."""
+        if self._drain_requested.is_set():
+            return
+        self._drain_timeout_s = timeout_s
+        log.info("drain requested through the registry (timeout %s)", "default" if timeout_s is None else f"{timeout_s:g} s")
+        self._drain_requested.set()
 
     async def heartbeat_once(self) -> None:
         """One heartbeat round trip now (renew every held claim, learn of losses and cancel requests)."""
@@ -242,12 +313,13 @@ class Worker:
         return self._process_adapter
 
     # -- shutdown ----------------------------------------------------------------------------------------------------
-    async def _drain(self, claimer: asyncio.Task[None]) -> None:
+    async def _drain(self, claimer: asyncio.Task[None] | None) -> None:
         self._stopping.set()
         self.health.leave(WorkerState.DRAINING)
         with contextlib.suppress(StoreUnavailable):
             await self.store.set_worker_state(self.id, WorkerState.DRAINING)
-        await claimer
+        if claimer is not None:
+            await claimer
         unstarted = [c.fence for c in self.held.claimed.values()]
         if unstarted:
             with contextlib.suppress(StoreUnavailable):
@@ -260,8 +332,9 @@ class Worker:
             await self._gate.settle()
         tasks = [e.task for e in self.held.running.values() if e.task is not None]
         if tasks:
-            log.info("drain: waiting up to %.0fs for %d running jobs", self.config.drain_timeout_s, len(tasks))
-            _, pending = await asyncio.wait(tasks, timeout=self.config.drain_timeout_s)
+            timeout_s = self.config.drain_timeout_s if self._drain_timeout_s is None else self._drain_timeout_s
+            log.info("drain: waiting up to %.0fs for %d running jobs", timeout_s, len(tasks))
+            _, pending = await asyncio.wait(tasks, timeout=timeout_s)
             if pending:
                 self._shutting_down = True
                 for t in pending:
@@ -278,3 +351,13 @@ class Worker:
         if self._process_adapter is not None:
             await self._process_adapter.close(5.0)
         log.info("worker %s gone after %d jobs", self.id, self.finished)
+
+
+async def _either(a: asyncio.Event, b: asyncio.Event) -> None:
+    """Wait until one of the two events is set."""
+    waits = {asyncio.ensure_future(a.wait()), asyncio.ensure_future(b.wait())}
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits:
+            w.cancel()

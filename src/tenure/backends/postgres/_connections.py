@@ -8,8 +8,8 @@ outside the pool (the claim connection, the LISTEN connections) has nobody to do
 use — never sooner than a growing, jittered delay after a failed attempt, so a database that is down is not
 hammered by every worker at once, and a caller learns at once (`StoreUnavailable`) that it is down.
 
-Every connection names its kind in `application_name` (`tenure-pool`, `tenure-claim`, `tenure-listen`,
-`tenure-events`, `tenure-channel`), so an operator can tell them apart in `pg_stat_activity`.
+Every connection names its kind in `application_name` (`tenure-pool`, `tenure-claim`, `tenure-heartbeat`,
+`tenure-listen`, `tenure-events`, `tenure-channel`), so an operator can tell them apart in `pg_stat_activity`.
 """
 
 from __future__ import annotations
@@ -199,6 +199,10 @@ class StoreConnections:
             setup=self._setup_claim,
             command_timeout_s=command_timeout_s,
         )
+        # Heartbeats travel on a connection of their own (seed 002, pitfall 2): never queued behind job traffic
+        # on the pool. Opened by the first heartbeat, so a process that runs no worker never opens it.
+        self._heartbeat = DedicatedConnection("heartbeat", dsn(url), server_settings=settings)
+        self._heartbeat_lock = asyncio.Lock()
         self.claim_function = True
         """Whether each claim connection creates the session-local claim-and-start function (it cannot without
         the TEMP privilege; claims and starts then take two round trips)."""
@@ -263,6 +267,27 @@ class StoreConnections:
                     raise
 
     @contextlib.asynccontextmanager
+    async def heartbeat(self, what: str) -> AsyncIterator[asyncpg.Connection]:
+        """The heartbeat connection, one caller at a time; a call that finds it broken drops it for a new one.
+        While it cannot be opened (the server refuses new connections, or the reconnect delay runs), a pool
+        connection carries the heartbeat: one already open keeps a worker alive through it."""
+        async with self._heartbeat_lock:
+            try:
+                conn: asyncpg.Connection | None = await self._heartbeat.get()
+            except StoreUnavailable:
+                conn = None
+            if conn is None:
+                async with self.pooled(what) as pooled:
+                    yield pooled
+                return
+            with translate(what):
+                try:
+                    yield conn
+                except DRIVER_ERRORS as exc:
+                    self._heartbeat.failed(conn, exc)
+                    raise
+
+    @contextlib.asynccontextmanager
     async def pooled(self, what: str) -> AsyncIterator[asyncpg.Connection]:
         """A pool connection; one found broken is terminated rather than handed to the next caller."""
         with translate(what):
@@ -282,5 +307,6 @@ class StoreConnections:
             return
         self._closed = True
         await self._claim.close()
+        await self._heartbeat.close()
         with contextlib.suppress(*DRIVER_ERRORS):
             await asyncio.wait_for(self.pool.close(), 5)

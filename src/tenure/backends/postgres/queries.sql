@@ -335,7 +335,11 @@ SELECT id::text, (SELECT count(*) FROM wake) AS woke FROM r
 WITH x AS (
     SELECT * FROM unnest($4::uuid[], $5::int4[], $6::int8[]) AS x(job_id, epoch, token)
 ), w AS (
-    UPDATE workers SET last_heartbeat = now(), state = $2, in_flight = $3 WHERE id = $1
+    -- The worker's own record ($8..$10, docs/routing.md) rides along; NULLs (no record sent) keep the row's.
+    UPDATE workers SET last_heartbeat = now(), state = $2, in_flight = $3, success_rate = coalesce($8, success_rate),
+           latency_ms = coalesce($9, latency_ms), consecutive_timeouts = coalesce($10, consecutive_timeouts)
+     WHERE id = $1
+    RETURNING drain_requested_at IS NOT NULL AS drain, drain_timeout_s
 ), held AS (
     SELECT j.id FROM jobs AS j
       JOIN x ON j.id = x.job_id AND j.epoch = x.epoch AND j.token = x.token
@@ -348,12 +352,14 @@ WITH x AS (
      WHERE j.id = held.id
     RETURNING j.id, j.cancel_requested_at IS NOT NULL AS cancel
 )
-SELECT id::text, cancel FROM r
+SELECT id::text, cancel, false AS drain, NULL::float8 AS drain_timeout_s FROM r
+UNION ALL
+SELECT NULL, NULL, true, w.drain_timeout_s FROM w WHERE w.drain
 
 -- name: register_worker --
 -- Insert (or refresh) one worker incarnation in the registry.
-INSERT INTO workers (id, host, pid, concurrency, agents, capabilities, state)
-VALUES ($1, $2, $3, $4, $5, $6, $7)
+INSERT INTO workers (id, host, pid, concurrency, agents, capabilities, state, features, agent_specs)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
 ON CONFLICT (id) DO UPDATE SET state = EXCLUDED.state, last_heartbeat = now()
 
 -- name: set_worker_state --
@@ -365,10 +371,26 @@ UPDATE workers SET state = $2, last_heartbeat = now() WHERE id = $1
 SELECT w.id, w.host, w.pid, w.concurrency, w.agents, w.capabilities, w.state, w.in_flight,
        extract(epoch FROM w.started_at)::float8 AS started_at,
        extract(epoch FROM w.last_heartbeat)::float8 AS last_heartbeat,
-       ARRAY(SELECT j.id::text FROM jobs AS j WHERE j.owner = w.id ORDER BY j.id) AS jobs_held
+       ARRAY(SELECT j.id::text FROM jobs AS j WHERE j.owner = w.id ORDER BY j.id) AS jobs_held,
+       w.features, w.success_rate, w.latency_ms, w.consecutive_timeouts,
+       w.drain_requested_at IS NOT NULL AS drain_requested, w.agent_specs
   FROM workers AS w
  WHERE $1::bool OR w.state <> 'gone'
  ORDER BY w.started_at, w.id
+
+-- name: request_drain --
+-- Ask a worker not gone to drain (its next heartbeat reads the request); the registry shows it draining now.
+UPDATE workers SET drain_requested_at = now(), drain_timeout_s = $2, state = 'draining'
+ WHERE id = $1 AND state <> 'gone'
+RETURNING id, host, pid, concurrency, agents, capabilities, state, in_flight,
+          extract(epoch FROM started_at)::float8 AS started_at,
+          extract(epoch FROM last_heartbeat)::float8 AS last_heartbeat,
+          ARRAY(SELECT j.id::text FROM jobs AS j WHERE j.owner = $1 ORDER BY j.id) AS jobs_held,
+          features, success_rate, latency_ms, consecutive_timeouts, true AS drain_requested, agent_specs
+
+-- name: registry_agents --
+-- The agents (and their recorded specs) of every worker not gone, the most recently started first.
+SELECT agents, agent_specs FROM workers WHERE state <> 'gone' ORDER BY started_at DESC, id
 
 -- name: read_events --
 -- A job's history after a cursor (epoch, seq), in cursor order.

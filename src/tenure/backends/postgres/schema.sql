@@ -80,7 +80,15 @@ CREATE TABLE workers (
     state          text NOT NULL DEFAULT 'active',
     in_flight      integer NOT NULL DEFAULT 0,
     started_at     timestamptz NOT NULL DEFAULT now(),
-    last_heartbeat timestamptz NOT NULL DEFAULT now()
+    last_heartbeat timestamptz NOT NULL DEFAULT now(),
+    -- The profile (0008_broker, docs/routing.md).
+    features             text[] NOT NULL DEFAULT '{}',
+    agent_specs          text NOT NULL DEFAULT '{}',
+    success_rate         float8,
+    latency_ms           float8,
+    consecutive_timeouts integer NOT NULL DEFAULT 0,
+    drain_requested_at   timestamptz,
+    drain_timeout_s      float8
 );
 
 -- Named, per-holder, heartbeated slots (quotas; the sweeper duty is the key 'duty:sweeper' with limit 1).

@@ -20,10 +20,11 @@ import asyncpg
 
 from tenure.backends import _rows, _rules
 from tenure.backends._queries import load_migrations, load_queries
-from tenure.backends.postgres import _batches
+from tenure.backends.postgres import _batches, _registry
 from tenure.backends.postgres._connections import StoreConnections
 from tenure.backends.postgres.audit import AuditWrites, edit_input, enqueue_with_budgets
 from tenure.contracts.errors import IllegalTransition, NotFound, StoreUnavailable
+from tenure.contracts.profile import WorkerRecord
 from tenure.contracts.states import REQUEUEABLE, JobState, WorkerState
 from tenure.contracts.store import JobStore
 from tenure.contracts.types import (
@@ -47,7 +48,6 @@ from tenure.contracts.types import (
     Started,
     StoreHealth,
     SweepReport,
-    WorkerInfo,
     check_replay,
     is_uuid,
     new_id,
@@ -69,7 +69,7 @@ def _session_settings(notify: bool) -> dict[str, str]:
     return {} if notify else {"tenure.notify_events": "off"}
 
 
-class PostgresStore(AuditWrites):
+class PostgresStore(AuditWrites, _registry.RegistryOps):
     """The Tenure job store on PostgreSQL. Create with `await PostgresStore.connect(url)`."""
 
     dialect = "postgres"
@@ -315,34 +315,13 @@ class PostgresStore(AuditWrites):
         return [r["id"] for r in rows]
 
     async def heartbeat(
-        self, worker_id: str, state: WorkerState, in_flight: int, held: Sequence[Fence], ttl_s: float
-    ) -> HeartbeatReply:
-        async with self._db.pooled("heartbeat") as conn:
-            rows = await conn.fetch(Q["heartbeat"], worker_id, state.value, in_flight, *_batches.fences(held), ttl_s)
-        return HeartbeatReply(frozenset(r["id"] for r in rows), frozenset(r["id"] for r in rows if r["cancel"]))
-
-    # -- registry -----------------------------------------------------------------------------------------------
-    async def register_worker(self, info: WorkerInfo) -> None:
-        async with self._db.pooled("register_worker") as conn:
-            await conn.execute(
-                Q["register_worker"],
-                info.id,
-                info.host,
-                info.pid,
-                info.concurrency,
-                list(info.agents),
-                list(info.capabilities),
-                info.state.value,
-            )
-
-    async def set_worker_state(self, worker_id: str, state: WorkerState) -> None:
-        async with self._db.pooled("set_worker_state") as conn:
-            await conn.execute(Q["set_worker_state"], worker_id, state.value)
-
-    async def list_workers(self, include_gone: bool = False) -> list[WorkerInfo]:
-        async with self._db.pooled("list_workers") as conn:
-            rows = await conn.fetch(Q["list_workers"], include_gone)
-        return [_rows.worker(r) for r in rows]
+        self, worker_id: str, state: WorkerState, in_flight: int, held: Sequence[Fence], ttl_s: float,
+        record: WorkerRecord | None = None,
+    ) -> HeartbeatReply:  # fmt: skip
+        rec = _rules.record_params(record)
+        async with self._db.heartbeat("heartbeat") as conn:  # its own connection: never behind job traffic
+            rows = await conn.fetch(Q["heartbeat"], worker_id, state.value, in_flight, *_batches.fences(held), ttl_s, *rec)
+        return _registry.heartbeat_reply(rows)
 
     # -- history ------------------------------------------------------------------------------------------------
     async def read_events(self, job_id: str, after: tuple[int, int] | None, limit: int) -> list[Event]:

@@ -116,8 +116,11 @@ UPDATE jobs SET owner = NULL, claimed_at = NULL, claim_expires_at = NULL, token 
  WHERE id = ? AND owner = ? AND epoch = ? AND token = ? AND state = 'queued' AND execution_started_at IS NULL
 
 -- name: heartbeat_worker --
--- The worker is alive.
-UPDATE workers SET last_heartbeat = {now}, state = ?, in_flight = ? WHERE id = ?
+-- The worker is alive; its own record (?4..?6, docs/routing.md) rides along (NULLs keep the row's).
+UPDATE workers SET last_heartbeat = {now}, state = ?1, in_flight = ?2, success_rate = coalesce(?4, success_rate),
+       latency_ms = coalesce(?5, latency_ms), consecutive_timeouts = coalesce(?6, consecutive_timeouts)
+ WHERE id = ?3
+RETURNING drain_requested_at, drain_timeout_s
 
 -- name: heartbeat_claim --
 -- Extend one held claim if this fence still owns it; returns its cancel request time (NULL if none).
@@ -128,8 +131,9 @@ RETURNING cancel_requested_at
 
 -- name: register_worker --
 -- Insert (or refresh) one worker incarnation in the registry.
-INSERT INTO workers (id, host, pid, concurrency, agents, capabilities, state, started_at, last_heartbeat)
-VALUES (?, ?, ?, ?, ?, ?, ?, {now}, {now})
+INSERT INTO workers (id, host, pid, concurrency, agents, capabilities, state, features, agent_specs, started_at,
+                     last_heartbeat)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, {now}, {now})
 ON CONFLICT (id) DO UPDATE SET state = excluded.state, last_heartbeat = {now}
 
 -- name: set_worker_state --
@@ -140,10 +144,21 @@ UPDATE workers SET state = ?2, last_heartbeat = {now} WHERE id = ?1
 -- The registry, with the jobs each worker owns now.
 SELECT w.id, w.host, w.pid, w.concurrency, w.agents, w.capabilities, w.state, w.in_flight, w.started_at,
        w.last_heartbeat,
-       (SELECT json_group_array(j.id) FROM (SELECT id FROM jobs WHERE owner = w.id ORDER BY id) AS j) AS jobs_held
+       (SELECT json_group_array(j.id) FROM (SELECT id FROM jobs WHERE owner = w.id ORDER BY id) AS j) AS jobs_held,
+       w.features, w.success_rate, w.latency_ms, w.consecutive_timeouts,
+       w.drain_requested_at IS NOT NULL AS drain_requested, w.agent_specs
   FROM workers AS w
- WHERE ?1 OR w.state <> 'gone'
+ WHERE (?1 OR w.state <> 'gone') AND (?2 IS NULL OR w.id = ?2)
  ORDER BY w.started_at, w.id
+
+-- name: request_drain --
+-- Ask a worker not gone to drain (its next heartbeat reads the request); the registry shows it draining now.
+UPDATE workers SET drain_requested_at = {now}, drain_timeout_s = ?2, state = 'draining'
+ WHERE id = ?1 AND state <> 'gone'
+
+-- name: registry_agents --
+-- The agents (and their recorded specs) of every worker not gone, the most recently started first.
+SELECT agents, agent_specs FROM workers WHERE state <> 'gone' ORDER BY started_at DESC, id
 
 -- name: read_events --
 -- A job's history after a cursor (epoch, seq), in cursor order.

@@ -73,7 +73,11 @@ CREATE TABLE workers (
     in_flight      INTEGER NOT NULL DEFAULT 0,
     started_at     REAL NOT NULL,
     last_heartbeat REAL NOT NULL
-) WITHOUT ROWID;
+    -- 0005_broker: the profile (docs/routing.md). Written as ALTER TABLE ADD COLUMN leaves it, so that this file
+    -- and the migrations give the same table (tests/migration).
+    , features TEXT NOT NULL DEFAULT '[]', agent_specs TEXT NOT NULL DEFAULT '{}', success_rate REAL,
+    latency_ms REAL, consecutive_timeouts INTEGER NOT NULL DEFAULT 0, drain_requested_at REAL,
+    drain_timeout_s REAL) WITHOUT ROWID;
 
 CREATE TABLE leases (
     key        TEXT NOT NULL,

@@ -16,9 +16,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from tenure.backends import _rows, _rules
 from tenure.backends._queries import load_migrations
 from tenure.backends.sqlite._connection import NOW, Q, SqliteConnection, split_sql
+from tenure.backends.sqlite._registry import RegistryOps
 from tenure.backends.sqlite._writes import claim_and_start_in, finish_in, start_in
 from tenure.backends.sqlite.audit import AuditWrites, edit_input, insert_budget
 from tenure.contracts.errors import IllegalTransition, NotFound
+from tenure.contracts.profile import WorkerRecord
 from tenure.contracts.states import REQUEUEABLE, JobState, WorkerState
 from tenure.contracts.store import JobStore, OffloadStats
 from tenure.contracts.types import (
@@ -52,7 +54,7 @@ _REQUEUEABLE = json.dumps(sorted(s.value for s in REQUEUEABLE))
 T = TypeVar("T")
 
 
-class SqliteStore(AuditWrites):
+class SqliteStore(AuditWrites, RegistryOps):
     """The Tenure job store on one SQLite file. Create with `await SqliteStore.connect(url)`."""
 
     dialect = "sqlite"
@@ -292,10 +294,12 @@ class SqliteStore(AuditWrites):
         return await self._write(fn, "release_claims")
 
     async def heartbeat(
-        self, worker_id: str, state: WorkerState, in_flight: int, held: Sequence[Fence], ttl_s: float
-    ) -> HeartbeatReply:
+        self, worker_id: str, state: WorkerState, in_flight: int, held: Sequence[Fence], ttl_s: float,
+        record: WorkerRecord | None = None,
+    ) -> HeartbeatReply:  # fmt: skip
         def fn(db: sqlite3.Connection) -> HeartbeatReply:
-            db.execute(Q["heartbeat_worker"], (state.value, in_flight, worker_id))
+            args = (state.value, in_flight, worker_id, *_rules.record_params(record))
+            me = db.execute(Q["heartbeat_worker"], args).fetchone()
             renewed, cancel = set(), set()
             for f in held:
                 row = db.execute(Q["heartbeat_claim"], (f.job_id, worker_id, f.epoch, f.token, ttl_s)).fetchone()
@@ -303,7 +307,8 @@ class SqliteStore(AuditWrites):
                     renewed.add(f.job_id)
                     if row["cancel_requested_at"] is not None:
                         cancel.add(f.job_id)
-            return HeartbeatReply(frozenset(renewed), frozenset(cancel))
+            drain = me is not None and me["drain_requested_at"] is not None
+            return HeartbeatReply(frozenset(renewed), frozenset(cancel), drain, me["drain_timeout_s"] if drain else None)
 
         return await self._write(fn, "heartbeat")
 
@@ -317,6 +322,8 @@ class SqliteStore(AuditWrites):
             json.dumps(list(info.agents)),
             json.dumps(list(info.capabilities)),
             info.state.value,
+            json.dumps(list(info.features)),
+            info.agent_specs,
         )
         await self._write(lambda db: db.execute(Q["register_worker"], args), "register_worker")
 
@@ -325,7 +332,7 @@ class SqliteStore(AuditWrites):
         await self._write(lambda db: db.execute(Q["set_worker_state"], args), "set_worker_state")
 
     async def list_workers(self, include_gone: bool = False) -> list[WorkerInfo]:
-        rows = await self._read(lambda db: db.execute(Q["list_workers"], (int(include_gone),)).fetchall())
+        rows = await self._read(lambda db: db.execute(Q["list_workers"], (int(include_gone), None)).fetchall())
         return [_rows.worker(r, _rows.json_list) for r in rows]
 
     # -- history ------------------------------------------------------------------------------------------------

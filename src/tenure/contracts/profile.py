@@ -1,0 +1,107 @@
+"""What a worker tells the registry about itself beyond being alive (docs/routing.md):
+
+    WorkerRecord   its own record: success rate, an EWMA of its execution durations, hard timeouts in a row.
+                   Computed by the worker from its own finishes and written with its heartbeat (no round trip
+                   of its own).
+    agent specs    the admission defaults of every agent it serves (attempts, timeout, retry safety, requires,
+                   priority), written once at registration, so that a producer that never imported the
+                   workers' code admits a job of theirs exactly as the workers' app would.
+
+Capabilities are `category/subcategory` strings (`text/summarize`, `text/*` for a whole category); features
+are plain names (`gpu`, `long`). A flat tag of before (`gpu`) is still a valid capability.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from tenure.contracts.errors import ConfigError
+from tenure.contracts.types import AgentSpec
+
+# The capability tags of before (control/models.py TAG_PATTERN), and `category/*` for a whole category.
+_CAPABILITY = re.compile(r"[A-Za-z0-9_.:/-]{1,64}|[A-Za-z0-9_.:-]{1,62}/\*")
+_FEATURE = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerRecord:
+    """A worker's record of its own finishes. `success_rate` and `latency_ms` are None until it finished one."""
+
+    success_rate: float | None = None
+    latency_ms: float | None = None
+    consecutive_timeouts: int = 0
+
+
+def parse_capabilities(text: str | Iterable[str], what: str = "--capabilities") -> tuple[str, ...]:
+    """`text/summarize,image/ocr,text/*` (or a flat tag) as a sorted tuple, or `ConfigError` naming `what`."""
+    return _parse(text, _CAPABILITY, what, "category/subcategory (text/summarize), category/* or a flat tag")
+
+
+def parse_features(text: str | Iterable[str], what: str = "--features") -> tuple[str, ...]:
+    """`gpu,long` as a sorted tuple, or `ConfigError` naming `what`."""
+    return _parse(text, _FEATURE, what, "a name of letters, digits and _.:- (gpu, long)")
+
+
+def _parse(text: str | Iterable[str], pattern: re.Pattern[str], what: str, shape: str) -> tuple[str, ...]:
+    items = text.split(",") if isinstance(text, str) else list(text)
+    out: set[str] = set()
+    for raw in items:
+        item = raw.strip()
+        if not item:
+            continue
+        if not pattern.fullmatch(item):
+            raise ConfigError(f"{what}: {item!r} is not {shape}")
+        out.add(item)
+    return tuple(sorted(out))
+
+
+def specs_json(specs: Mapping[str, AgentSpec]) -> str:
+    """The admission defaults of these agents as the registry stores them (JSON text)."""
+    return json.dumps(
+        {
+            name: {
+                "max_attempts": s.max_attempts,
+                "timeout_s": s.timeout_s,
+                "retry_safe": s.retry_safe,
+                "requires": sorted(s.requires),
+                "priority": s.priority,
+            }
+            for name, s in sorted(specs.items())
+        },
+        separators=(",", ":"),
+    )
+
+
+def specs_from_json(text: str | None, agents: Iterable[str]) -> dict[str, AgentSpec]:
+    """The agent specs of one registry row: those recorded, and the plain defaults for an agent a worker of
+    before (no recorded specs) serves. A malformed entry falls back to the defaults too."""
+    try:
+        recorded: Any = json.loads(text) if text else {}
+    except ValueError:
+        recorded = {}
+    if not isinstance(recorded, dict):
+        recorded = {}
+    out: dict[str, AgentSpec] = {}
+    for name in agents:
+        entry = recorded.get(name)
+        out[name] = _spec(name, entry) if isinstance(entry, dict) else AgentSpec(name)
+    return out
+
+
+def _spec(name: str, d: dict[str, Any]) -> AgentSpec:
+    try:
+        timeout = d.get("timeout_s")
+        return AgentSpec(
+            name,
+            max_attempts=int(d.get("max_attempts", 3)),
+            timeout_s=None if timeout is None else float(timeout),
+            retry_safe=bool(d.get("retry_safe", False)),
+            requires=frozenset(str(t) for t in d.get("requires", ())),
+            priority=int(d.get("priority", 0)),
+        )
+    except (TypeError, ValueError):
+        return AgentSpec(name)
