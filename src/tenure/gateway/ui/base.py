@@ -21,6 +21,7 @@ from tenure.contracts.store import Leases
 from tenure.gateway.auth import Principal
 from tenure.gateway.ui.labs import LabRunner
 from tenure.gateway.ui.sessions import Sessions
+from tenure.gateway.ui.timeline import number
 from tenure.gateway.ui.views import _fmt_age, _fmt_count, _pretty, _ts
 
 if TYPE_CHECKING:
@@ -65,7 +66,7 @@ class PagesBase:
             lstrip_blocks=True,
             auto_reload=False,  # no stat() of a template file on the event loop per render
         )
-        self.env.filters.update(age=_fmt_age, count=_fmt_count, ts=_ts, pretty=_pretty)
+        self.env.filters.update(age=_fmt_age, count=_fmt_count, ts=_ts, pretty=_pretty, num=number)
         self.env.globals.update(terminal=TERMINAL, requeueable=REQUEUEABLE, states=[s.value for s in JobState])
 
     def preload(self) -> None:

@@ -3,11 +3,13 @@
     GET  /                     redirect to /ui
     GET  /ui                   overview: queue depth, the hour's throughput, queue wait and dispatch, circuits
     GET  /ui/jobs              the live jobs list (filters, search by id or idempotency key, counts, keyset pages)
-    GET  /ui/jobs/{id}         one job: input, epochs, executions, the live event stream, result, its buttons
+    GET  /ui/jobs/{id}         one job: input, epochs, executions, the live event stream, result, the audit
+                               timeline (`?audit=EPOCH.SEQ` pages it), its buttons, requeue with an edited input
     GET  /ui/workers           the registry            GET /ui/quotas     leases held and waiting, per quota
     GET  /ui/dead              dead letters            GET /ui/labs       the live labs (gateway/ui/labs.py)
     GET|POST /ui/login, POST /ui/logout                the session (sessions.py)
     POST /ui/api/requeue       {"job_ids": [...]}: requeue one or many (the store's `requeue`)
+    POST /ui/api/jobs/{id}/requeue  {"input": "<JSON text>"}: requeue one with an edited input (jobpage.py)
 
 Every page and fragment is scoped to the caller's tenant exactly as the API is: a tenant's session sees its own
 jobs only, and another tenant's job is "not found". The buttons of the job page call the API's own routes
@@ -34,12 +36,13 @@ from starlette.routing import BaseRoute, Mount, Route
 from tenure.contracts.errors import IllegalTransition, NotFound, TenureError
 from tenure.contracts.insights import JobQuery, JobSummary
 from tenure.contracts.states import JobState
-from tenure.contracts.types import Job, is_uuid
+from tenure.contracts.types import is_uuid
 from tenure.control.admission import idem_digest
 from tenure.gateway.auth import Principal
 from tenure.gateway.ui.base import PageError
+from tenure.gateway.ui.jobpage import JobPages
 from tenure.gateway.ui.ops import OpsPages
-from tenure.gateway.ui.views import _STATIC, MAX_REQUEUE, PAGE, epoch_history, id_range
+from tenure.gateway.ui.views import _STATIC, MAX_REQUEUE, PAGE, _pretty, epoch_history, id_range
 
 if TYPE_CHECKING:
     pass
@@ -47,7 +50,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("tenure.gateway.ui")
 
 
-class Dashboard(OpsPages):
+class Dashboard(OpsPages, JobPages):
     """The dashboard of one gateway process. `routes()` are mounted with `Gateway.mount_ui`."""
 
     def routes(self) -> list[BaseRoute]:
@@ -61,12 +64,14 @@ class Dashboard(OpsPages):
             Route("/ui/jobs/rows", self.job_rows, methods=["GET"]),
             Route("/ui/jobs/{job_id}", self.job, methods=["GET"]),
             Route("/ui/jobs/{job_id}/summary", self.job_summary, methods=["GET"]),
+            Route("/ui/jobs/{job_id}/audit", self.job_audit_fragment, methods=["GET"]),
             Route("/ui/workers", self.workers, methods=["GET"]),
             Route("/ui/quotas", self.quotas, methods=["GET"]),
             Route("/ui/dead", self.dead, methods=["GET"]),
             Route("/ui/labs", self.labs, methods=["GET"]),
             Route("/ui/labs/{name}", self.lab, methods=["GET"]),
             Route("/ui/api/requeue", self.requeue, methods=["POST"]),
+            Route("/ui/api/jobs/{job_id}/requeue", self.requeue_edited, methods=["POST"]),
             Route("/ui/api/labs/{name}", self.lab_start, methods=["POST"]),
             Route("/ui/api/labs/{name}/stop", self.lab_stop, methods=["POST"]),
             Route("/ui/api/labs/{name}/events", self.lab_events, methods=["GET"]),
@@ -203,20 +208,14 @@ class Dashboard(OpsPages):
 
         return await self._page(request, build)
 
-    async def _load_job(self, request: Request, who: Principal) -> Job:
-        job_id = request.path_params["job_id"]
-        job = await self.gw.store.get_job(str(uuid.UUID(job_id)), who.tenant) if is_uuid(job_id) else None
-        if job is None:
-            raise PageError(404, f"No job {job_id[:40]!r} (or not one of yours).")
-        return job
-
     async def job(self, request: Request) -> Response:
         async def build(who: Principal) -> Response:
             job = await self._load_job(request, who)
-            executions, events, now = await asyncio.gather(
+            executions, events, now, timeline = await asyncio.gather(
                 self.gw.store.list_executions(job.id),
                 self.gw.store.read_events(job.id, None, 1000),
                 self.gw.store.server_time(),
+                self._timeline(request, job, who),
             )
             return self._render(
                 request,
@@ -229,6 +228,7 @@ class Dashboard(OpsPages):
                 cursor=events[-1].cursor if events else "",
                 now=now,
                 more_events=len(events) == 1000,
+                **timeline,
             )
 
         return await self._page(request, build)
@@ -244,7 +244,7 @@ class Dashboard(OpsPages):
             html = self.env.get_template("_job_summary.html").render(
                 job=job, executions=executions, epochs=epoch_history(job, executions, events), now=now, who=who
             )
-            return JSONResponse({"html": html, "state": job.state.value, "epoch": job.epoch})
+            return JSONResponse({"html": html, "state": job.state.value, "epoch": job.epoch, "input": _pretty(job.input)})
 
         return await self._page(request, build)
 

@@ -83,9 +83,67 @@ function jobPage() {
       section.querySelector('[data-when="waiting"]').hidden = d.state !== "waiting";
       section.querySelector('[data-when="live"]').hidden = terminal;
       section.querySelector('[data-action="requeue"]').hidden = !terminal || d.state === "succeeded";
+      if (editSection) editSection.hidden = !terminal || d.state === "succeeded";
+      if (inputEl) inputEl.textContent = d.input;
+      if (editArea && !editDirty && document.activeElement !== editArea) editArea.value = d.input;
       if (!terminal && !streaming) stream();
+      refreshAudit();
     }, 150);
   };
+
+  // -- the audit timeline: re-rendered after the stream delivers an event (the page of records shown stays the
+  // same; opened disclosures stay open; never while focus is inside it: then when focus leaves) --
+  const audit = document.getElementById("audit");
+  let auditPending = false, auditLast = 0, auditTimer = null;
+  const refreshAudit = async () => {
+    if (!audit) return;
+    if (audit.contains(document.activeElement)) { auditPending = true; return; }
+    const wait = auditLast + 1000 - Date.now();  // at most one re-render a second, the last event included
+    if (wait > 0) { clearTimeout(auditTimer); auditTimer = setTimeout(refreshAudit, wait); return; }
+    auditLast = Date.now();
+    auditPending = false;
+    const q = audit.dataset.query;
+    const r = await fetch(`/ui/jobs/${id}/audit` + (q ? `?${q}` : ""), { credentials: "same-origin" });
+    if (!r.ok) return;
+    const d = await r.json();
+    const open = new Set([...audit.querySelectorAll("details[open]")].map((x) => x.dataset.key));
+    audit.innerHTML = d.html;
+    audit.querySelectorAll("details").forEach((x) => { if (open.has(x.dataset.key)) x.open = true; });
+  };
+  audit?.addEventListener("focusout", (ev) => {
+    if (auditPending && !audit.contains(ev.relatedTarget)) refreshAudit();
+  });
+
+  // -- requeue with an edited input: the textarea's text is sent as it is; the gateway parses and checks it --
+  const editSection = document.getElementById("requeue-edit");
+  const editForm = document.getElementById("requeue-form");
+  const editArea = document.getElementById("requeue-input");
+  const editMsg = document.getElementById("requeue-message");
+  const inputEl = document.getElementById("job-input");
+  let editDirty = false;
+  editArea?.addEventListener("input", () => { editDirty = true; });
+  editForm?.addEventListener("submit", async (ev) => {
+    ev.preventDefault();
+    const btn = editForm.querySelector('button[type="submit"]');
+    btn.disabled = true;
+    say(editMsg, "Requeueing…");
+    try {
+      const r = await call("POST", `/ui/api/jobs/${id}/requeue`, { input: editArea.value });
+      if (r.ok) {
+        editDirty = false;
+        editArea.removeAttribute("aria-invalid");
+        say(editMsg, `✓ requeued with the edited input: ${r.data.state} again, epoch ${r.data.epoch}`);
+        say(outcome, "requeue: requeued (input edited)");
+        if (!streaming) stream();
+        refresh();
+      } else {
+        if (r.data?.field === "input") editArea.setAttribute("aria-invalid", "true");
+        say(editMsg, "✗ " + (r.data?.detail || `failed (${r.status})`));
+      }
+    } catch (e) {
+      say(editMsg, "The gateway did not answer; nothing may have been requeued. Reload the page to see.");
+    } finally { btn.disabled = false; }
+  });
 
   const add = (e) => {
     const li = document.createElement("li");
