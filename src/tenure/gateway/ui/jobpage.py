@@ -22,8 +22,8 @@ from starlette.responses import JSONResponse, Response
 
 from tenure.contracts.errors import IllegalTransition, InvalidRequest, NotFound, StoreUnavailable
 from tenure.contracts.types import Job, is_uuid
-from tenure.control.admission import parse_json
 from tenure.control.audit import AUDIT_CURSOR, MAX_PAGE, job_audit
+from tenure.control.json_input import parse_json
 from tenure.gateway.auth import Principal
 from tenure.gateway.ui.base import PageError, PagesBase
 from tenure.gateway.ui.timeline import audit_timeline
