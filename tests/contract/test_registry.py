@@ -56,6 +56,9 @@ async def test_a_drain_request_is_read_by_the_next_heartbeat(store: Store) -> No
     assert drained is not None and drained.id == W1 and drained.state is WorkerState.DRAINING and drained.drain_requested
     reply = await store.heartbeat(W1, WorkerState.ACTIVE, 0, [], TTL)
     assert (reply.drain, reply.drain_timeout_s) == (True, 12.5)
+    # That heartbeat was sent before the worker knew: the registry still shows the worker draining, never back to
+    # active between the request and the worker's own switch.
+    assert [w.state for w in await store.list_workers() if w.id == W1] == [WorkerState.DRAINING]
     other = await store.heartbeat(W2, WorkerState.ACTIVE, 0, [], TTL)
     assert not other.drain  # only the worker asked
     assert (await store.request_drain(W1, None)) is not None

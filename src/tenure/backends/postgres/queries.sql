@@ -364,8 +364,9 @@ SELECT id::text, (SELECT count(*) FROM wake) AS woke FROM r
 WITH x AS (
     SELECT * FROM unnest($4::uuid[], $5::int4[], $6::int8[]) AS x(job_id, epoch, token)
 ), w AS (
-    -- The worker's own record ($8..$10, docs/routing.md) rides along; NULLs (no record sent) keep the row's.
-    UPDATE workers SET last_heartbeat = now(), state = $2, in_flight = $3, success_rate = coalesce($8, success_rate),
+    -- The worker's own record ($8..$10, docs/routing.md) rides along; NULLs (no record sent) keep the row's. Once
+    -- a drain was requested the row stays `draining`, even from a heartbeat sent before the worker learnt of it.
+    UPDATE workers SET last_heartbeat = now(), state = CASE WHEN drain_requested_at IS NULL THEN $2 ELSE 'draining' END, in_flight = $3, success_rate = coalesce($8, success_rate),
            latency_ms = coalesce($9, latency_ms), consecutive_timeouts = coalesce($10, consecutive_timeouts)
      WHERE id = $1
     RETURNING drain_requested_at IS NOT NULL AS drain, drain_timeout_s

@@ -132,8 +132,9 @@ UPDATE jobs SET owner = NULL, claimed_at = NULL, claim_expires_at = NULL, token 
  WHERE id = ? AND owner = ? AND epoch = ? AND token = ? AND state = 'queued' AND execution_started_at IS NULL
 
 -- name: heartbeat_worker --
--- The worker is alive; its own record (?4..?6, docs/routing.md) rides along (NULLs keep the row's).
-UPDATE workers SET last_heartbeat = {now}, state = ?1, in_flight = ?2, success_rate = coalesce(?4, success_rate),
+-- The worker is alive; its own record (?4..?6, docs/routing.md) rides along (NULLs keep the row's). Once a drain
+-- was requested the row stays `draining`, even from a heartbeat sent before the worker learnt of the request.
+UPDATE workers SET last_heartbeat = {now}, state = CASE WHEN drain_requested_at IS NULL THEN ?1 ELSE 'draining' END, in_flight = ?2, success_rate = coalesce(?4, success_rate),
        latency_ms = coalesce(?5, latency_ms), consecutive_timeouts = coalesce(?6, consecutive_timeouts)
  WHERE id = ?3
 RETURNING drain_requested_at, drain_timeout_s
