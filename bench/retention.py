@@ -188,6 +188,11 @@ class Counter:
     async def old_left(self) -> int:
         return int((await self.one("SELECT count(*) FROM jobs WHERE agent = 'old'"))[0])
 
+    async def orphans(self, table: str) -> int:
+        """Rows of `table` whose job is gone (a purge that left history behind)."""
+        sql = f"SELECT count(*) FROM {table} AS r WHERE NOT EXISTS (SELECT 1 FROM jobs AS j WHERE j.id = r.job_id)"
+        return int((await self.one(sql))[0])
+
     async def survivors_ok(self, survivors: list[tuple[str, str]]) -> tuple[bool, list[str]]:
         ok, seen = True, []
         cast = "" if self.path is not None else "::uuid"
@@ -200,7 +205,7 @@ class Counter:
         return ok, seen
 
 
-async def _run(name: str, days: str, args: argparse.Namespace, url: str, client: Any, counter: Counter) -> dict:
+async def _run(name: str, days: str, args: argparse.Namespace, url: str, client: Any, counter: Counter) -> dict[str, float]:
     env = dict(
         os.environ,
         TENURE_DATABASE_URL=url,
@@ -288,11 +293,7 @@ async def main(args: argparse.Namespace) -> None:
             off = await _run("off", "100000", args, url, client, counter)
             on = await _run("on", "30", args, url, client, counter)
             ok, seen = await counter.survivors_ok(survivors)
-            orphans = [
-                int((await counter.one(f"SELECT count(*) FROM {t} AS r WHERE NOT EXISTS "
-                                       f"(SELECT 1 FROM jobs AS j WHERE j.id = r.job_id)"))[0])  # fmt: skip
-                for t in ("events", "executions")
-            ]
+            orphans = [await counter.orphans(table) for table in ("events", "executions")]
     finally:
         if tmp is not None:
             tmp.cleanup()
