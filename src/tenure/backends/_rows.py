@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from tenure.backends._rules import KeyedJob
+from tenure.contracts.audit import StoredRecord
 from tenure.contracts.states import JobState, WorkerState
 from tenure.contracts.types import Claim, Command, Event, Execution, Fence, Job, Started, WorkerInfo
 
@@ -162,4 +163,20 @@ def worker(r: Row, names: Names = array) -> WorkerInfo:
         consecutive_timeouts=r["consecutive_timeouts"],
         drain_requested=bool(r["drain_requested"]),
         agent_specs=r["agent_specs"],
+    )
+
+
+def stored_record(r: Row) -> StoredRecord:
+    """An audit record as read back (`read_records`)."""
+    return StoredRecord(
+        r["job_id"],
+        r["epoch"],
+        r["seq"],
+        r["execution_id"],
+        r["kind"],
+        r["name"],
+        json.loads(r["data"]),
+        r["started_at"],
+        r["ended_at"],
+        r["ts"],
     )

@@ -11,6 +11,7 @@ import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from tenure.backends import _rows
 from tenure.backends._queries import load_queries
 from tenure.backends.postgres import _batches
 from tenure.contracts.audit import (
@@ -100,21 +101,7 @@ class AuditWrites:
         epoch, seq = after if after is not None else (-1, -1)
         async with self._db.pooled("read_audit") as conn:
             rows = await conn.fetch(Q["read_records"], job_id, epoch, seq, limit)
-        return [
-            StoredRecord(
-                r["job_id"],
-                r["epoch"],
-                r["seq"],
-                r["execution_id"],
-                r["kind"],
-                r["name"],
-                json.loads(r["data"]),
-                r["started_at"],
-                r["ended_at"],
-                r["ts"],
-            )
-            for r in rows
-        ]
+        return [_rows.stored_record(r) for r in rows]
 
     async def audit_usage(self, job_id: str) -> dict[str, float]:
         if not is_uuid(job_id):

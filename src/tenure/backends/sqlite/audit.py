@@ -11,6 +11,7 @@ import sqlite3
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from tenure.backends import _rows
 from tenure.backends._queries import load_queries
 from tenure.backends.sqlite._connection import NOW, split_sql
 from tenure.backends.sqlite._connection import Q as STORE_QUERIES
@@ -95,21 +96,7 @@ class AuditWrites:
     async def read_audit(self, job_id: str, after: tuple[int, int] | None, limit: int) -> list[StoredRecord]:
         epoch, seq = after if after is not None else (-1, -1)
         rows = await self._read(lambda db: db.execute(Q["read_records"], (job_id, epoch, seq, limit)).fetchall())
-        return [
-            StoredRecord(
-                r["job_id"],
-                r["epoch"],
-                r["seq"],
-                r["execution_id"],
-                r["kind"],
-                r["name"],
-                json.loads(r["data"]),
-                r["started_at"],
-                r["ended_at"],
-                r["ts"],
-            )
-            for r in rows
-        ]
+        return [_rows.stored_record(r) for r in rows]
 
     async def audit_usage(self, job_id: str) -> dict[str, float]:
         rows = await self._read(lambda db: db.execute(Q["usage_records"], (job_id,)).fetchall())
