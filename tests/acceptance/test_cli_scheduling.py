@@ -8,6 +8,8 @@ import json
 from pathlib import Path
 
 from tenure.app import open_backends
+from tenure.contracts.types import AgentSpec, WorkerInfo
+from tenure.control.admission import Admission, JobRequest
 from tenure.settings import Settings
 from tests.acceptance.test_cli import tenure
 
@@ -41,3 +43,25 @@ async def test_a_full_queue_degrades_and_tenure_job_says_so(tmp_path: Path) -> N
     shown = tenure(url, "job", ids[-1], env=APP)
     assert "agent      fast" in shown.stdout and "degraded   deep → fast (queue_full)" in shown.stdout, shown.stdout
     assert "waiting    no_capable_worker: no live worker serves agent 'fast'" in shown.stdout
+
+
+async def test_tenure_job_says_a_queue_is_at_its_cap_and_a_job_waits_for_its_tenants_turn(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/t.db"
+    backends = await open_backends(Settings.of(database_url=url))
+    try:  # a live worker for every agent: the job waits for nothing but its queue and its turn
+        await backends.jobs.register_worker(WorkerInfo("w1", "h", 1, 4, ("turn", "deep", "fast")))
+    finally:
+        await backends.close()
+    fast = [tenure(url, "submit", "fast", env=APP).stdout.strip() for _ in range(5)]  # fast: 5 of max_queued 5
+    shown = tenure(url, "job", fast[1], env=APP)
+    full = "waiting    queue_cap: in a full queue: agent 'fast' has 5 jobs waiting to start, its limit (max_queued) is 5"
+    assert full in shown.stdout, shown.stdout
+    data = json.loads(tenure(url, "job", fast[1], "--json", env=APP).stdout)["waiting_reason"]
+    assert (data["kind"], data["queued"], data["max_queued"], data["jobs_ahead"]) == ("queue_cap", 5, 5, 1)
+    backends = await open_backends(Settings.of(database_url=url))
+    try:  # tenant b's job (the CLI submits as the default tenant): turn 0, claimed right after fast[0]
+        other = (await Admission(backends.jobs, {"turn": AgentSpec("turn")}).admit(JobRequest("turn", tenant="b"))).id
+    finally:
+        await backends.close()
+    shown = tenure(url, "job", other, env=APP)
+    assert "waiting    tenant_turn: waiting for its tenant's turn: 1 jobs of other tenants" in shown.stdout, shown.stdout

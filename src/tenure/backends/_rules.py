@@ -12,6 +12,8 @@ across two files in two languages:
     lost_outcome         the sweeper's decision for an execution whose owner stopped heartbeating, and its event
     finish_effects       what a matched finish CAS writes besides the job row: the event, the execution record,
                          the circuit breaker's count
+    waiting_info         why a queued job waits, from the rows both dialects read (jobs ahead, other tenants'
+                         jobs ahead, its turn, its key's holders, its agent's waiting jobs)
     EXPIRED_EVENT, CANCELLED_EVENT, REQUEUED_EVENT   the events a store appends on its own (requeued_event: with
                          an edited input)
 
@@ -29,7 +31,7 @@ from typing import Any
 
 from tenure.contracts.errors import AgentQueueFull, MigrationError
 from tenure.contracts.profile import WorkerRecord
-from tenure.contracts.reports import StoreHealth
+from tenure.contracts.reports import StoreHealth, WaitingInfo
 from tenure.contracts.states import JobState
 from tenure.contracts.types import Finish
 
@@ -242,6 +244,17 @@ def check_queue_cap(job_id: str, agent: str, cap: int | None, waiting: int) -> N
         raise AgentQueueFull(
             f"agent {agent!r} has {waiting} jobs waiting to start; its limit (max_queued) is {cap}", job_id, agent, waiting
         )
+
+
+# -- why a job waits ---------------------------------------------------------------------------------------------------
+
+
+def waiting_info(ahead: Any, bound: int, turn: float, holders: Sequence[str], agent_waiting: int | None) -> WaitingInfo:
+    """A `WaitingInfo` from the row of `jobs_ahead` (n: claimable jobs ahead, counted up to `bound`; others: of
+    them, other tenants' jobs of the job's priority), the job's turn, its key's holders (a job waiting for its
+    key's turn) and its agent's waiting jobs (`queued_of_agent_upto`, None without a cap)."""
+    n = int(ahead["n"])
+    return WaitingInfo(n, n >= bound, tuple(holders), int(ahead["others"] or 0), float(turn), agent_waiting)
 
 
 # -- store health -----------------------------------------------------------------------------------------------------

@@ -232,8 +232,10 @@ class AfterCommit:
     async def queued_of_agent(self, agent: str, mode: str | None = None) -> int:
         return await self.store.queued_of_agent(agent, mode)
 
-    async def waiting_info(self, job_id: str, bound: int) -> WaitingInfo | None:
-        return await self.store.waiting_info(job_id, bound)
+    async def waiting_info(
+        self, job_id: str, bound: int, queue_cap: int | None = None, cap_per_mode: bool = False
+    ) -> WaitingInfo | None:
+        return await self.store.waiting_info(job_id, bound, queue_cap, cap_per_mode)
 
     async def record_circuit_failure(self, key: str) -> None:
         await self.store.record_circuit_failure(key)

@@ -11,11 +11,18 @@ from dataclasses import dataclass
 @dataclass(frozen=True, slots=True)
 class WaitingInfo:
     """Why a queued job waits (`JobStore.waiting_info`): claimable jobs ahead of it in claim order (counted up to a
-    bound: `ahead_capped`), and for a job waiting for its concurrency key's turn the jobs holding the key."""
+    bound: `ahead_capped`), how many of those are other tenants' jobs of its own priority (`other_tenants_ahead`:
+    there by fair shares, their tenants' turns come first; a lower bound when capped), its own turn (`turn`, its
+    `fair_at`), for a job waiting for its concurrency key's turn the jobs holding the key, and, when the caller
+    gave its agent's queue cap, the jobs of its agent (of its mode, for a cap per mode) waiting to start, counted
+    up to that cap (`agent_waiting`; None without a cap)."""
 
     ahead: int
     ahead_capped: bool
     key_holders: tuple[str, ...] = ()
+    other_tenants_ahead: int = 0
+    turn: float = 0.0
+    agent_waiting: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

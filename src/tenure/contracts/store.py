@@ -290,9 +290,13 @@ class JobStore(Protocol):
         whose effective mode it is (the per-agent cap `max_queued`, docs/scheduling.md)."""
         ...
 
-    async def waiting_info(self, job_id: str, bound: int) -> WaitingInfo | None:
-        """Why a queued job waits: the claimable jobs ahead of it (counted up to `bound`) and, if it waits for
-        its concurrency key's turn, the key's holders. None unless the job is queued and unowned."""
+    async def waiting_info(
+        self, job_id: str, bound: int, queue_cap: int | None = None, cap_per_mode: bool = False
+    ) -> WaitingInfo | None:
+        """Why a queued job waits: the claimable jobs ahead of it (counted up to `bound`; of them, other tenants'
+        jobs of its priority), its turn, and, if it waits for its concurrency key's turn, the key's holders. With
+        `queue_cap` (its agent's `max_queued`), also the jobs of its agent waiting to start (of its effective mode
+        with `cap_per_mode`), counted up to the cap. None unless the job is queued and unowned."""
         ...
 
     async def record_circuit_failure(self, key: str) -> None:

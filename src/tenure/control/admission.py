@@ -142,7 +142,7 @@ class Admission:
         self.on_degraded = on_degraded
         self.router = Router(
             store,
-            lambda name: self.agents.get(name) or self.directory.specs.get(name),
+            self.spec,
             self.gate.config.retry_after_s,
             self.limits.disabled_modes,
         )
@@ -255,6 +255,10 @@ class Admission:
         names = {r.agent for r in reqs if isinstance(r.agent, str) and r.agent not in self.agents}
         if names:
             await self.directory.resolve(names)
+
+    def spec(self, name: str) -> AgentSpec | None:
+        """The spec of agent `name`, from the app or the live registry (as last read), or None."""
+        return self.agents.get(name) or self.directory.specs.get(name)
 
     def _spec_of(self, name: str, allow_unregistered: bool) -> AgentSpec:
         """The agent's spec: the app's, else the live registry's, else (when allowed) the plain defaults."""

@@ -60,16 +60,21 @@ class JobsService:
         return job
 
     async def waiting_reason(self, job: Job) -> dict[str, Any] | None:
-        """Why a job that has not started waits (docs/scheduling.md#why-a-job-waits), or None for any other job:
-        behind its concurrency key (naming the jobs holding it), a retry backoff, no capable worker (no active
-        worker serves its agent with its capabilities), or its place in line (claimable jobs ahead of it, counted
-        up to `AHEAD_BOUND`)."""
+        """Why a job that has not started waits (docs/scheduling.md#why-a-job-waits), or None for any other job,
+        the first that applies: behind its concurrency key (naming the jobs holding it), a retry backoff, no
+        capable worker (no active worker serves its agent with its capabilities), its agent's queue at its cap
+        (`max_queued`: the job is in a full queue; new jobs of the agent are degraded or refused), its tenant's
+        turn (other tenants' jobs of its priority are ahead of it by fair shares), or its place in line (claimable
+        jobs ahead of it, counted up to `AHEAD_BOUND`)."""
         if job.state is JobState.SCHEDULED:
             return {"kind": "retry_backoff", "next_attempt_at": job.next_attempt_at,
                     "detail": "waiting out the backoff before its next attempt"}  # fmt: skip
         if job.state is not JobState.QUEUED or job.owner is not None:
             return None
-        info = await self.store.waiting_info(job.id, AHEAD_BOUND)
+        spec = self.admission.spec(job.agent)
+        cap = None if spec is None else spec.max_queued
+        per_mode = spec is not None and bool(spec.modes)
+        info = await self.store.waiting_info(job.id, AHEAD_BOUND, cap, per_mode)
         if info is None:  # claimed (or started) meanwhile
             return None
         if job.key_wait:
@@ -89,13 +94,32 @@ class JobsService:
         if not capable:
             needs = f" with capabilities {', '.join(job.requires)}" if job.requires else ""
             return {"kind": "no_capable_worker", "detail": f"no live worker serves agent {job.agent!r}{needs}"}
-        ahead = f"{'at least ' if info.ahead_capped else ''}{info.ahead}"
-        return {
-            "kind": "place_in_line",
-            "jobs_ahead": info.ahead,
-            "jobs_ahead_capped": info.ahead_capped,
-            "detail": f"{ahead} claimable jobs ahead of it in claim order (priority, then age)",
-        }
+        least = "at least " if info.ahead_capped else ""
+        line = {"jobs_ahead": info.ahead, "jobs_ahead_capped": info.ahead_capped}
+        in_line = f"{least}{info.ahead} claimable jobs ahead of it in claim order (priority, tenant turn, age)"
+        if cap is not None and info.agent_waiting is not None and info.agent_waiting >= cap:
+            mode = job.mode_effective if per_mode else None
+            queue = f"agent {job.agent!r}" + (f" (mode {mode!r})" if mode else "")
+            return {
+                "kind": "queue_cap",
+                "agent": job.agent,
+                "mode": mode,
+                "queued": info.agent_waiting,
+                "max_queued": cap,
+                **line,
+                "detail": f"in a full queue: {queue} has {info.agent_waiting} jobs waiting to start, its limit "
+                f"(max_queued) is {cap}, so new ones are degraded or refused; {in_line}",
+            }
+        if info.other_tenants_ahead > 0:
+            return {
+                "kind": "tenant_turn",
+                "tenant_turn": info.turn,
+                "other_tenants_jobs_ahead": info.other_tenants_ahead,
+                **line,
+                "detail": f"waiting for its tenant's turn: {least}{info.other_tenants_ahead} jobs of other tenants at "
+                f"its priority take their turns first (fair shares); {in_line}",
+            }
+        return {"kind": "place_in_line", **line, "detail": in_line}
 
     async def jobs(self, flt: JobFilter) -> list[Job]:
         """Jobs matching `flt`, newest first."""

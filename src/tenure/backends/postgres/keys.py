@@ -137,15 +137,21 @@ class SchedulingReads:
         async with self._db.pooled("queued_of_agent") as conn:
             return int(await conn.fetchval(Q["queued_of_agent"], agent, mode))
 
-    async def waiting_info(self, job_id: str, bound: int) -> WaitingInfo | None:
+    async def waiting_info(
+        self, job_id: str, bound: int, queue_cap: int | None = None, cap_per_mode: bool = False
+    ) -> WaitingInfo | None:
         if not is_uuid(job_id):
             return None
         async with self._db.pooled("waiting_info") as conn:
             job = await conn.fetchrow(Q["waiting_job"], job_id)
             if job is None:
                 return None
-            ahead = int(await conn.fetchval(Q["jobs_ahead"], job_id, job["priority"], bound, job["fair_at"]))
-            holders: tuple[str, ...] = ()
+            ahead = await conn.fetchrow(Q["jobs_ahead"], job_id, job["priority"], bound, job["fair_at"], job["tenant"])
+            holders: list[str] = []
             if job["key_wait"]:
-                holders = tuple(k.id for k in await _live(conn, job["tenant"], job["concurrency_key"]) if k.holds)
-        return WaitingInfo(ahead, ahead >= bound, holders)
+                holders = [k.id for k in await _live(conn, job["tenant"], job["concurrency_key"]) if k.holds]
+            waiting = None
+            if queue_cap is not None:
+                mode = job["mode_effective"] if cap_per_mode else None
+                waiting = int(await conn.fetchval(Q["queued_of_agent_upto"], job["agent"], mode, queue_cap))
+        return _rules.waiting_info(ahead, bound, job["fair_at"], holders, waiting)

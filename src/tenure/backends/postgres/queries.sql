@@ -783,17 +783,26 @@ SELECT count(*) FROM jobs
  WHERE agent = $1 AND state IN ('queued', 'scheduled') AND ($2::text IS NULL OR mode_effective = $2)
 
 -- name: waiting_job --
--- A queued, unowned job's place: its priority and turn, its key and whether it waits for the key's turn.
-SELECT id::text AS id, priority, fair_at, tenant, concurrency_key, key_wait FROM jobs
+-- A queued, unowned job's place: its priority and turn, its key and whether it waits for the key's turn, its agent
+-- and mode.
+SELECT id::text AS id, priority, fair_at, tenant, concurrency_key, key_wait, agent, mode_effective FROM jobs
  WHERE id = $1::uuid AND state = 'queued' AND owner IS NULL
 
 -- name: jobs_ahead --
--- Claimable jobs before ($1 id, $2 priority, $4 turn) in claim order (the head of jobs_ready), counted up to $3.
-SELECT count(*) FROM (
-    SELECT 1 FROM jobs
+-- Claimable jobs before ($1 id, $2 priority, $4 turn) in claim order (the head of jobs_ready), counted up to $3
+-- (n), and of those the jobs of tenants other than $5 at priority $2 (others: ahead by their tenants' turns).
+SELECT count(*) AS n, count(*) FILTER (WHERE ahead.tenant <> $5 AND ahead.priority = $2) AS others FROM (
+    SELECT tenant, priority FROM jobs
      WHERE state = 'queued' AND owner IS NULL AND NOT key_wait
        AND (priority > $2 OR (priority = $2 AND (fair_at, id) < ($4, $1::uuid)))
      LIMIT $3) AS ahead
+
+-- name: queued_of_agent_upto --
+-- queued_of_agent, counted up to $3 (whether the agent's queue is at its cap, without counting past it).
+SELECT count(*) FROM (
+    SELECT 1 FROM jobs
+     WHERE agent = $1 AND state IN ('queued', 'scheduled') AND ($2::text IS NULL OR mode_effective = $2)
+     LIMIT $3) AS waiting
 
 -- name: health_xmin_horizon --
 -- The oldest transaction holding back vacuum of this database: a session's snapshot or transaction (in this

@@ -74,16 +74,23 @@ class SchedulingReads:
         )
         return int(row["n"])
 
-    async def waiting_info(self, job_id: str, bound: int) -> WaitingInfo | None:
+    async def waiting_info(
+        self, job_id: str, bound: int, queue_cap: int | None = None, cap_per_mode: bool = False
+    ) -> WaitingInfo | None:
         def fn(db: sqlite3.Connection) -> WaitingInfo | None:
             job = db.execute(Q["waiting_job"], (job_id,)).fetchone()
             if job is None:
                 return None
-            ahead = int(db.execute(Q["jobs_ahead"], (job_id, job["priority"], bound, job["fair_at"])).fetchone()["n"])
-            holders: tuple[str, ...] = ()
+            params = (job_id, job["priority"], bound, job["fair_at"], job["tenant"])
+            ahead = db.execute(Q["jobs_ahead"], params).fetchone()
+            holders: list[str] = []
             if job["key_wait"]:
-                holders = tuple(k.id for k in _live(db, job["tenant"], job["concurrency_key"]) if k.holds)
-            return WaitingInfo(ahead, ahead >= bound, holders)
+                holders = [k.id for k in _live(db, job["tenant"], job["concurrency_key"]) if k.holds]
+            waiting = None
+            if queue_cap is not None:
+                mode = job["mode_effective"] if cap_per_mode else None
+                waiting = int(db.execute(Q["queued_of_agent_upto"], (job["agent"], mode, queue_cap)).fetchone()["n"])
+            return _rules.waiting_info(ahead, bound, job["fair_at"], holders, waiting)
 
         conn = self.connection
         return await conn.run(lambda: conn.read(fn), "waiting_info")

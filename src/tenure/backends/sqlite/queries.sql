@@ -418,14 +418,23 @@ SELECT DISTINCT w.tenant, w.concurrency_key
 SELECT count(*) AS n FROM jobs
  WHERE agent = ?1 AND state IN ('queued', 'scheduled') AND (?2 IS NULL OR mode_effective = ?2)
 
+-- name: queued_of_agent_upto --
+-- queued_of_agent, counted up to ?3 (whether the agent's queue is at its cap, without counting past it).
+SELECT count(*) AS n FROM (
+    SELECT 1 FROM jobs WHERE agent = ?1 AND state IN ('queued', 'scheduled') AND (?2 IS NULL OR mode_effective = ?2)
+     LIMIT ?3)
+
 -- name: waiting_job --
--- A queued, unowned job's place: its priority, its key and whether it waits for the key's turn.
-SELECT id, priority, fair_at, tenant, concurrency_key, key_wait FROM jobs WHERE id = ?1 AND state = 'queued' AND owner IS NULL
+-- A queued, unowned job's place: its priority and turn, its key and whether it waits for the key's turn, its agent
+-- and mode.
+SELECT id, priority, fair_at, tenant, concurrency_key, key_wait, agent, mode_effective FROM jobs
+ WHERE id = ?1 AND state = 'queued' AND owner IS NULL
 
 -- name: jobs_ahead --
--- Claimable jobs before (?1 id, ?2 priority) in claim order (the head of jobs_ready), counted up to ?3.
-SELECT count(*) AS n FROM (
-    SELECT 1 FROM jobs
+-- Claimable jobs before (?1 id, ?2 priority, ?4 turn) in claim order (the head of jobs_ready), counted up to ?3
+-- (n), and of those the jobs of tenants other than ?5 at priority ?2 (others: ahead by their tenants' turns).
+SELECT count(*) AS n, count(CASE WHEN tenant <> ?5 AND priority = ?2 THEN 1 END) AS others FROM (
+    SELECT tenant, priority FROM jobs
      WHERE state = 'queued' AND owner IS NULL AND key_wait = 0
        AND (priority > ?2 OR (priority = ?2 AND (fair_at < ?4 OR (fair_at = ?4 AND id < ?1))))
      LIMIT ?3)
