@@ -72,7 +72,10 @@ def test_claim_start_function_keeps_every_condition_of_the_claim_and_the_start()
     start = _where_lines(q["start_executions"], "UPDATE jobs AS j")
     assert len(claim) == 3 and len(start) == 2
     assert _where_lines(fn, "UPDATE jobs AS j") == claim
-    assert _where_lines(fn[fn.index("The start CAS") :], "UPDATE jobs AS j") == start
+    fn_start = _where_lines(fn[fn.index("The start CAS") :], "UPDATE jobs AS j")
+    # The function finds each claimed row by the tuple id its claim wrote, then checks what the start checks.
+    assert fn_start[0] == "WHERE j.ctid = x.row_ctid"
+    assert ["WHERE " + fn_start[1].removeprefix("AND "), *fn_start[2:]] == start
     candidates = q["claim_jobs"][q["claim_jobs"].index("WHERE state") : q["claim_jobs"].index("FOR UPDATE")]
     fn_candidates = fn[fn.index("WHERE state") : fn.index("FOR UPDATE")]
     normal = {"$2::text[]": "p_agents", "$3::text[]": "p_caps", "$4": "p_limit"}

@@ -1,6 +1,7 @@
 -- Tenure's read side on PostgreSQL (contracts/insights.py): the dashboard's questions, each bounded.
 -- Each filter combination has a query of its own, so each is planned for the index that serves it
--- (jobs_tenant_id, jobs_state_id, jobs_tenant_state_id, the primary key); see migrations/0006_insights.sql.
+-- (jobs_tenant_id, jobs_state_id and jobs_tenant_state_id on lower(state), the primary key); see migrations/0006_insights.sql
+-- and 0010_state_index.sql.
 
 -- name: job_page --
 -- Newest jobs of every tenant before a cursor (the primary key, backwards).
@@ -63,7 +64,7 @@ SELECT min(id::text COLLATE "C"), count(*)::int FROM (
 WITH w AS (
     SELECT id FROM jobs
      WHERE id < $1::uuid
-       AND state = $5
+       AND lower(state) = $5
      ORDER BY id DESC LIMIT $2
 )
 SELECT j.id::text AS id, j.tenant, j.agent, j.state, j.priority, j.epoch, j.attempts, j.max_attempts, j.owner,
@@ -80,7 +81,7 @@ SELECT j.id::text AS id, j.tenant, j.agent, j.state, j.priority, j.epoch, j.atte
 SELECT min(id::text COLLATE "C"), count(*)::int FROM (
     SELECT id FROM jobs
      WHERE id < $1::uuid
-       AND state = $3
+       AND lower(state) = $3
      ORDER BY id DESC LIMIT $2
 ) AS w
 
@@ -91,7 +92,7 @@ SELECT min(id::text COLLATE "C"), count(*)::int FROM (
 WITH w AS (
     SELECT id FROM jobs
      WHERE id < $1::uuid
-       AND tenant = $5 AND state = $6
+       AND tenant = $5 AND lower(state) = $6
      ORDER BY id DESC LIMIT $2
 )
 SELECT j.id::text AS id, j.tenant, j.agent, j.state, j.priority, j.epoch, j.attempts, j.max_attempts, j.owner,
@@ -108,7 +109,7 @@ SELECT j.id::text AS id, j.tenant, j.agent, j.state, j.priority, j.epoch, j.atte
 SELECT min(id::text COLLATE "C"), count(*)::int FROM (
     SELECT id FROM jobs
      WHERE id < $1::uuid
-       AND tenant = $3 AND state = $4
+       AND tenant = $3 AND lower(state) = $4
      ORDER BY id DESC LIMIT $2
 ) AS w
 
@@ -147,13 +148,13 @@ SELECT j.id::text AS id, j.tenant, j.agent, j.state, j.priority, j.epoch, j.atte
 
 -- name: count_by_state --
 -- Jobs per state of $2, each count stopping at $1 (jobs_state_id: at most $1 index entries per state).
-SELECT s.state, (SELECT count(*) FROM (SELECT 1 FROM jobs AS j WHERE j.state = s.state LIMIT $1) AS x)::int AS n
+SELECT s.state, (SELECT count(*) FROM (SELECT 1 FROM jobs AS j WHERE lower(j.state) = s.state LIMIT $1) AS x)::int AS n
   FROM unnest($2::text[]) AS s(state)
 
 -- name: count_by_state_tenant --
 -- Jobs of tenant $3 per state of $2, each count stopping at $1 (jobs_tenant_state_id).
 SELECT s.state,
-       (SELECT count(*) FROM (SELECT 1 FROM jobs AS j WHERE j.tenant = $3 AND j.state = s.state LIMIT $1) AS x)::int AS n
+       (SELECT count(*) FROM (SELECT 1 FROM jobs AS j WHERE j.tenant = $3 AND lower(j.state) = s.state LIMIT $1) AS x)::int AS n
   FROM unnest($2::text[]) AS s(state)
 
 -- name: finished_since --

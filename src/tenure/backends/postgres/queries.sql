@@ -196,6 +196,7 @@ LANGUAGE plpgsql AS $fn$
 DECLARE
     c_ids uuid[];
     c_epochs int4[];
+    c_ctids tid[];
 BEGIN
     PERFORM set_config('synchronous_commit', 'on', true);
     -- The claim CAS (claim_jobs).
@@ -215,25 +216,31 @@ BEGIN
          WHERE j.ctid = c.ctid AND j.id = c.id
            AND j.state = 'queued' AND j.owner IS NULL AND NOT j.key_wait AND j.claimed_at IS NULL
            AND j.execution_id IS NULL AND j.execution_started_at IS NULL
-        RETURNING j.id, j.epoch
+        RETURNING j.id, j.epoch, j.ctid
     )
-    SELECT array_agg(claimed.id ORDER BY claimed.id), array_agg(claimed.epoch ORDER BY claimed.id)
-      INTO c_ids, c_epochs
+    SELECT array_agg(claimed.id ORDER BY claimed.id), array_agg(claimed.epoch ORDER BY claimed.id),
+           array_agg(claimed.ctid ORDER BY claimed.id)
+      INTO c_ids, c_epochs, c_ctids
       FROM claimed;
     IF c_ids IS NULL THEN
         RETURN;
     END IF;
-    -- The start CAS (start_executions), in job id order, one execution id each.
+    -- The start CAS (start_executions), in job id order, one execution id each. Each claimed row is found by
+    -- the tuple id its claim just wrote (a Tid Scan, whatever the statistics say; the conditions below still
+    -- check every column). Joined by id alone, a planner without statistics (autovacuum off, or a burst
+    -- before it ran) took a bitmap scan of every queued job per start: O(backlog) per claim.
     RETURN QUERY
     WITH x AS (
-        SELECT u.job_id, u.epoch, p_token AS token, u.execution_id
-          FROM unnest(c_ids, c_epochs, p_executions[1:cardinality(c_ids)]) AS u(job_id, epoch, execution_id)
+        SELECT u.job_id, u.epoch, p_token AS token, u.execution_id, u.row_ctid
+          FROM unnest(c_ids, c_epochs, p_executions[1:cardinality(c_ids)], c_ctids)
+               AS u(job_id, epoch, execution_id, row_ctid)
     ), s AS (
         UPDATE jobs AS j
            SET state = 'running', execution_id = x.execution_id, execution_started_at = now(),
                attempts = j.attempts + 1, updated_at = now()
           FROM x
-         WHERE j.id = x.job_id AND j.state = 'queued' AND j.owner = p_worker AND j.claimed_at IS NOT NULL
+         WHERE j.ctid = x.row_ctid
+           AND j.id = x.job_id AND j.state = 'queued' AND j.owner = p_worker AND j.claimed_at IS NOT NULL
            AND j.epoch = x.epoch AND j.token = x.token AND j.execution_id IS NULL AND j.execution_started_at IS NULL
         RETURNING j.id, j.epoch, j.execution_id, j.attempts, j.execution_started_at, j.agent, j.input::text,
                   j.max_attempts, j.timeout_s, j.retry_safe, j.tenant, extract(epoch FROM j.created_at)::float8,
@@ -397,7 +404,8 @@ ON CONFLICT (id) DO UPDATE SET state = EXCLUDED.state, last_heartbeat = now()
 UPDATE workers SET state = $2, last_heartbeat = now() WHERE id = $1
 
 -- name: list_workers --
--- The registry, with the jobs each worker owns now.
+-- The registry, with the jobs each worker owns now (jobs_owned, led by the owner: without it, a sequential
+-- scan of jobs per worker).
 SELECT w.id, w.host, w.pid, w.concurrency, w.agents, w.capabilities, w.state, w.in_flight,
        extract(epoch FROM w.started_at)::float8 AS started_at,
        extract(epoch FROM w.last_heartbeat)::float8 AS last_heartbeat,
@@ -471,12 +479,13 @@ WITH r AS (
 SELECT id::text, (SELECT count(*) FROM wake) AS woke FROM r
 
 -- name: sweep_lock_lost --
--- Lock running jobs whose claim expired (their owner is gone). SKIP LOCKED also skips rows a zombie is
+-- Lock running jobs whose claim expired (their owner is gone), from jobs_owned (a claim with an expiry always
+-- has an owner: every write that clears the owner clears the expiry). SKIP LOCKED also skips rows a zombie is
 -- appending to right now; they are taken on the next sweep.
 SELECT id, epoch, execution_id, owner, extract(epoch FROM execution_started_at)::float8 AS started_at,
        retry_safe, attempts, max_attempts
   FROM jobs
- WHERE state IN ('running', 'waiting') AND claim_expires_at < now()
+ WHERE owner IS NOT NULL AND state IN ('running', 'waiting') AND claim_expires_at < now()
  ORDER BY id LIMIT 100
    FOR UPDATE SKIP LOCKED
 

@@ -49,8 +49,9 @@ CREATE INDEX jobs_ready ON jobs (priority DESC, fair_at, id) WHERE state = 'queu
 -- A tenant's last turn per priority: where its next job's turn starts (fair shares, docs/scheduling.md).
 CREATE INDEX jobs_tenant_turn ON jobs (tenant, priority, fair_at)
     WHERE state = 'queued' AND owner IS NULL AND NOT key_wait;
--- Owned jobs by claim expiry: what the sweeper checks for dead owners.
-CREATE INDEX jobs_owned ON jobs (claim_expires_at) WHERE owner IS NOT NULL;
+-- Owned jobs by owner and claim expiry: the jobs each worker holds (the registry), and what the sweeper checks
+-- for dead owners.
+CREATE INDEX jobs_owned ON jobs (owner, claim_expires_at) WHERE owner IS NOT NULL;
 -- Jobs waiting out a retry backoff.
 CREATE INDEX jobs_scheduled ON jobs (next_attempt_at) WHERE state = 'scheduled';
 
@@ -270,8 +271,10 @@ $$;
 -- The dashboard's read side (contracts/insights.py, insights.sql): keyset pages of the jobs list per filter
 -- (the primary key serves the unfiltered list), and what finished in the last hour as an index-only scan.
 CREATE INDEX jobs_tenant_id ON jobs (tenant, id);
-CREATE INDEX jobs_state_id ON jobs (state, id);
-CREATE INDEX jobs_tenant_state_id ON jobs (tenant, state, id);
+-- The state filters are on lower(state), an expression no statement of the job path uses, so that no claim,
+-- start, finish or sweeper statement can choose them (migration 0010 / 0007 says what happened when they could).
+CREATE INDEX jobs_state_id ON jobs (lower(state), id);
+CREATE INDEX jobs_tenant_state_id ON jobs (tenant, lower(state), id);
 CREATE INDEX jobs_finished ON jobs (finished_at) INCLUDE (state, tenant) WHERE finished_at IS NOT NULL;
 
 -- Scheduling (docs/scheduling.md): the live jobs of a concurrency key (what the key's lock holder reads), the

@@ -1,6 +1,7 @@
 -- Tenure's read side on SQLite (contracts/insights.py): the same questions and names as PostgreSQL's.
 -- Each filter combination has a query of its own, so each is planned for the index that serves it
--- (jobs_tenant_id, jobs_state_id, jobs_tenant_state_id, the primary key); see migrations/0003_insights.sql.
+-- (jobs_tenant_id, jobs_state_id and jobs_tenant_state_id on lower(state), the primary key); see migrations/0003_insights.sql
+-- and 0007_state_index.sql.
 
 -- name: job_page --
 -- Newest jobs of every tenant before a cursor (the primary key, backwards).
@@ -61,7 +62,7 @@ SELECT min(id), count(*) FROM (
 WITH w AS (
     SELECT id FROM jobs
      WHERE id < ?1
-       AND state = ?5
+       AND lower(state) = ?5
      ORDER BY id DESC LIMIT ?2
 )
 SELECT j.id, j.tenant, j.agent, j.state, j.priority, j.epoch, j.attempts, j.max_attempts, j.owner,
@@ -77,7 +78,7 @@ SELECT j.id, j.tenant, j.agent, j.state, j.priority, j.epoch, j.attempts, j.max_
 SELECT min(id), count(*) FROM (
     SELECT id FROM jobs
      WHERE id < ?1
-       AND state = ?3
+       AND lower(state) = ?3
      ORDER BY id DESC LIMIT ?2
 )
 
@@ -88,7 +89,7 @@ SELECT min(id), count(*) FROM (
 WITH w AS (
     SELECT id FROM jobs
      WHERE id < ?1
-       AND tenant = ?5 AND state = ?6
+       AND tenant = ?5 AND lower(state) = ?6
      ORDER BY id DESC LIMIT ?2
 )
 SELECT j.id, j.tenant, j.agent, j.state, j.priority, j.epoch, j.attempts, j.max_attempts, j.owner,
@@ -104,7 +105,7 @@ SELECT j.id, j.tenant, j.agent, j.state, j.priority, j.epoch, j.attempts, j.max_
 SELECT min(id), count(*) FROM (
     SELECT id FROM jobs
      WHERE id < ?1
-       AND tenant = ?3 AND state = ?4
+       AND tenant = ?3 AND lower(state) = ?4
      ORDER BY id DESC LIMIT ?2
 )
 
@@ -138,12 +139,12 @@ SELECT j.id, j.tenant, j.agent, j.state, j.priority, j.epoch, j.attempts, j.max_
 
 -- name: count_by_state --
 -- Jobs per state of the JSON array ?2, each count stopping at ?1 (jobs_state_id).
-SELECT s.value, (SELECT count(*) FROM (SELECT 1 FROM jobs AS j WHERE j.state = s.value LIMIT ?1)) AS n
+SELECT s.value, (SELECT count(*) FROM (SELECT 1 FROM jobs AS j WHERE lower(j.state) = s.value LIMIT ?1)) AS n
   FROM json_each(?2) AS s
 
 -- name: count_by_state_tenant --
 -- Jobs of tenant ?3 per state of the JSON array ?2, each count stopping at ?1 (jobs_tenant_state_id).
-SELECT s.value, (SELECT count(*) FROM (SELECT 1 FROM jobs AS j WHERE j.tenant = ?3 AND j.state = s.value LIMIT ?1)) AS n
+SELECT s.value, (SELECT count(*) FROM (SELECT 1 FROM jobs AS j WHERE j.tenant = ?3 AND lower(j.state) = s.value LIMIT ?1)) AS n
   FROM json_each(?2) AS s
 
 -- name: finished_since --

@@ -37,7 +37,7 @@ CREATE UNIQUE INDEX jobs_idem ON jobs (tenant, idem_digest) WHERE idem_digest IS
 -- (the columns after finished_at were added by migration 0006, whose ALTER TABLE wrote them on one line)
 CREATE INDEX jobs_ready ON jobs (priority DESC, fair_at, id) WHERE state = 'queued' AND owner IS NULL AND key_wait = 0;
 CREATE INDEX jobs_tenant_turn ON jobs (tenant, priority, fair_at) WHERE state = 'queued' AND owner IS NULL AND key_wait = 0;
-CREATE INDEX jobs_owned ON jobs (claim_expires_at) WHERE owner IS NOT NULL;
+CREATE INDEX jobs_owned ON jobs (owner, claim_expires_at) WHERE owner IS NOT NULL;
 CREATE INDEX jobs_scheduled ON jobs (next_attempt_at) WHERE state = 'scheduled';
 
 CREATE TABLE executions (
@@ -111,8 +111,10 @@ CREATE INDEX jobs_waiting_tenant ON jobs (tenant) WHERE state IN ('queued', 'sch
 -- The dashboard's read side (contracts/insights.py, insights.sql): keyset pages of the jobs list per filter
 -- (the primary key serves the unfiltered list), and what finished in the last hour from the index alone.
 CREATE INDEX jobs_tenant_id ON jobs (tenant, id);
-CREATE INDEX jobs_state_id ON jobs (state, id);
-CREATE INDEX jobs_tenant_state_id ON jobs (tenant, state, id);
+-- The state filters are on lower(state), an expression no statement of the job path uses, so that no claim,
+-- start, finish or sweeper statement can choose them (migration 0010 / 0007 says what happened when they could).
+CREATE INDEX jobs_state_id ON jobs (lower(state), id);
+CREATE INDEX jobs_tenant_state_id ON jobs (tenant, lower(state), id);
 CREATE INDEX jobs_finished ON jobs (finished_at, state, tenant) WHERE finished_at IS NOT NULL;
 
 -- Scheduling (docs/scheduling.md): the live jobs of a concurrency key, the jobs waiting for their key's turn, and
