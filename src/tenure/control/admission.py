@@ -84,6 +84,9 @@ class JobRequest:
     budget: Mapping[str, float] | None = None
     allow_unregistered: bool = False
     """Admit this agent even if neither the app nor a live worker knows it (`tenure submit --allow-unregistered`)."""
+    parent_job_id: str | None = None
+    parent_execution_id: str | None = None
+    """Set by `ctx.spawn` (control/coordinators.py): the coordinator job and execution that admit this child."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,6 +199,8 @@ class Admission:
             degraded_reason=degraded,
             fair_step=1.0 / dict(self.limits.tenant_weights).get(req.tenant, 1.0),
             budget_json=None if budget is None else json.dumps(budget),
+            parent_job_id=req.parent_job_id,
+            parent_execution_id=req.parent_execution_id,
         )
 
     def _mode(self, spec: AgentSpec, asked: str | None) -> tuple[str | None, str | None, str | None]:

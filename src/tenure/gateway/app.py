@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -274,6 +275,7 @@ class Gateway:
         """GET /v1/jobs/{id}: one job."""
         who = self._principal(request)
         job = await self.load_job(request.path_params["job_id"], who)
+        job = dataclasses.replace(job, children=tuple(await self.jobs.children(job)))  # docs/coordinators.md
         return JSONResponse(_job_view(job) | {"waiting_reason": await self.jobs.waiting_reason(job)})
 
     async def result(self, request: Request) -> Response:
