@@ -1,0 +1,146 @@
+"""Coordinator agents on real `tenure worker` processes and real databases (docs/coordinators.md):
+
+- a coordinator spawning 20 children across 3 workers gathers all their results;
+- a parent waiting on its children holds no worker slot: one worker with one slot runs parent and children;
+- SIGKILL of the parent's worker mid-gather, then its retry (retry-safe), creates no second set of children;
+- cancelling the parent cancels its children still queued or running.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from tenure.contracts.children import ChildJob
+from tenure.contracts.states import JobState
+from tenure.contracts.types import Job
+from tenure.local import LocalClient, connect
+from tests.integration.procs import WorkerProc, eventually
+
+pytestmark = pytest.mark.slow
+
+APP = "tests.apps.coord_app:app"
+
+
+@pytest.fixture
+async def client(database_url: str) -> AsyncIterator[LocalClient]:
+    async with connect(APP, database_url) as c:
+        yield c
+
+
+@pytest.fixture
+def workers() -> Iterator[list[WorkerProc]]:
+    started: list[WorkerProc] = []
+    yield started
+    for w in started:
+        w.stop()
+
+
+def start(workers: list[WorkerProc], database_url: str, tmp_path: Path, name: str, concurrency: int) -> WorkerProc:
+    w = WorkerProc(database_url, tmp_path, name, app=APP, concurrency=concurrency)
+    workers.append(w)
+    return w
+
+
+def logs(workers: list[WorkerProc]) -> str:
+    return "\n".join(f"--- {w.name}\n{w.log()[-3000:]}" for w in workers)
+
+
+async def terminal(client: LocalClient, job_id: str) -> Job | None:
+    job = await client.job(job_id)
+    return job if job.state.terminal else None
+
+
+async def children(client: LocalClient, job_id: str) -> list[ChildJob]:
+    return await client.store.children(job_id)
+
+
+async def test_a_coordinator_gathers_twenty_children_run_across_three_workers(
+    client: LocalClient, workers: list[WorkerProc], database_url: str, tmp_path: Path
+) -> None:
+    for name in ("a", "b", "c"):
+        start(workers, database_url, tmp_path, name, concurrency=4)
+    parent_id = (await client.submit("coordinator", {"n": 20, "sleep_s": 0.3})).job.id
+    parent = await eventually(lambda: terminal(client, parent_id), 90, f"the coordinator to end\n{logs(workers)}")
+    assert parent.state is JobState.SUCCEEDED, (parent.error_code, parent.error_message, logs(workers))
+    assert parent.result["n"] == 20 and parent.result["sum"] == sum(range(20))
+    kids = await children(client, parent_id)
+    assert len(kids) == 20 and all(k.state is JobState.SUCCEEDED for k in kids)
+    ran_on = {(await client.job(k.id)).result["worker"] for k in kids}
+    assert len(ran_on) >= 2, ran_on  # no worker holds more than 4 at once: the 20 are spread
+    for k in kids:  # each child records its parent job and the execution that spawned it
+        child = await client.job(k.id)
+        assert (child.parent_job_id, child.parent_execution_id) == (parent_id, parent.execution_id)
+    detail = await client.service.job_detail(parent_id)
+    assert [c.id for c in detail.children or ()] == [k.id for k in kids]
+    assert detail.to_dict()["children"][0] == {"id": kids[0].id, "agent": "leaf", "state": "succeeded"}
+
+
+async def test_a_waiting_parent_frees_its_slot_for_its_children(
+    client: LocalClient, workers: list[WorkerProc], database_url: str, tmp_path: Path
+) -> None:
+    # One worker with one slot: the children can run only while the parent, gathering, holds no slot.
+    w = start(workers, database_url, tmp_path, "solo", concurrency=1)
+    parent_id = (await client.submit("coordinator", {"n": 3})).job.id
+    parent = await eventually(lambda: terminal(client, parent_id), 60, f"the coordinator to end\n{w.log()}")
+    assert parent.state is JobState.SUCCEEDED, (parent.error_code, parent.error_message, w.log())
+    assert parent.result["n"] == 3
+    types = [e.type for e in await client.events(parent_id)]
+    assert "job.waiting" in types and "job.resumed" in types
+
+
+async def _parent_waiting_on(client: LocalClient, parent_id: str, n: int) -> Job | None:
+    job = await client.job(parent_id)
+    if job.state is JobState.WAITING and len(await children(client, parent_id)) == n:
+        return job
+    return None
+
+
+async def test_a_parent_killed_mid_gather_is_retried_and_spawns_no_second_set_of_children(
+    client: LocalClient, workers: list[WorkerProc], database_url: str, tmp_path: Path
+) -> None:
+    a = start(workers, database_url, tmp_path, "a", concurrency=4)
+    parent_id = (await client.submit("coordinator", {"n": 8, "sleep_s": 1.0})).job.id
+    first = await eventually(
+        lambda: _parent_waiting_on(client, parent_id, 8), 60, f"the parent to wait on its children\n{a.log()}"
+    )
+    assert first.owner is not None and f":{a.pid}:" in first.owner
+    start(workers, database_url, tmp_path, "b", concurrency=4)
+    start(workers, database_url, tmp_path, "c", concurrency=4)
+    a.signal(signal.SIGKILL)
+    parent = await eventually(lambda: terminal(client, parent_id), 90, f"the retried parent to end\n{logs(workers)}")
+    assert parent.state is JobState.SUCCEEDED, (parent.error_code, parent.error_message, logs(workers))
+    assert parent.result["attempt"] >= 2 and parent.attempts >= 2  # it was retried after the kill
+    assert parent.result["n"] == 8 and parent.result["sum"] == sum(range(8))
+    kids = await children(client, parent_id)
+    assert len(kids) == 8, [k.id for k in kids]  # the retry got the same children back, no second set
+    assert all(k.state is JobState.SUCCEEDED for k in kids)
+    spawned = [e.payload for e in await client.events(parent_id) if e.type == "spawned"]
+    assert spawned[0]["created"] == 8 and spawned[-1]["created"] == 0, spawned
+
+
+async def test_cancelling_the_parent_cancels_its_queued_and_running_children(
+    client: LocalClient, workers: list[WorkerProc], database_url: str, tmp_path: Path
+) -> None:
+    w = start(workers, database_url, tmp_path, "w", concurrency=2)
+    parent_id = (await client.submit("coordinator", {"n": 5, "sleep_s": 60})).job.id
+
+    async def some_running() -> list[ChildJob] | None:
+        kids = await children(client, parent_id)
+        return kids if any(k.state is JobState.RUNNING for k in kids) and len(kids) == 5 else None
+
+    before = await eventually(some_running, 60, f"a child to run\n{w.log()}")
+    assert any(k.state is JobState.QUEUED for k in before)  # two slots: the rest wait to start
+    await client.cancel(parent_id)
+    parent = await eventually(lambda: terminal(client, parent_id), 30, f"the parent to end\n{w.log()}")
+    assert parent.state is JobState.CANCELLED
+
+    async def all_cancelled() -> list[ChildJob] | None:
+        kids = await children(client, parent_id)
+        return kids if all(k.state.terminal for k in kids) else None
+
+    kids = await eventually(all_cancelled, 30, f"every child to end\n{w.log()}")
+    assert [k.state for k in kids] == [JobState.CANCELLED] * 5
