@@ -3,7 +3,8 @@
 - a coordinator spawning 20 children across 3 workers gathers all their results;
 - a parent waiting on its children holds no worker slot: one worker with one slot runs parent and children;
 - SIGKILL of the parent's worker mid-gather, then its retry (retry-safe), creates no second set of children;
-- cancelling the parent cancels its children still queued or running.
+- cancelling the parent cancels its children still queued or running, also by the cancel door alone;
+- `GET /v1/jobs/{id}` lists a parent's children, and a child names its parent.
 """
 
 from __future__ import annotations
@@ -12,12 +13,19 @@ import signal
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
+from tenure.app import load_app, open_backends
 from tenure.contracts.children import ChildJob
 from tenure.contracts.states import JobState
-from tenure.contracts.types import Job
+from tenure.contracts.types import ControlOutcome, Job
+from tenure.control.coordinators import child_request
+from tenure.gateway.app import Gateway
+from tenure.gateway.auth import Auth
 from tenure.local import LocalClient, connect
+from tenure.serve import gateway_config
+from tenure.settings import Settings
 from tests.integration.procs import WorkerProc, eventually
 
 pytestmark = pytest.mark.slow
@@ -144,3 +152,43 @@ async def test_cancelling_the_parent_cancels_its_queued_and_running_children(
 
     kids = await eventually(all_cancelled, 30, f"every child to end\n{w.log()}")
     assert [k.state for k in kids] == [JobState.CANCELLED] * 5
+
+
+async def _spawned_without_workers(client: LocalClient, n: int) -> tuple[str, list[str]]:
+    """A parent job and `n` children admitted as `ctx.spawn` admits them, with no worker running any of them."""
+    parent = (await client.submit("coordinator", {"n": n})).job
+    exec_id = "01900000-0000-7000-8000-000000000000"
+    kids = []
+    for i in range(n):
+        req = child_request(parent.id, exec_id, parent.tenant, "leaf", {"i": i}, f"part-{i}", {})
+        kids.append((await client.admission.admit(req)).job.id)
+    again = child_request(parent.id, exec_id, parent.tenant, "leaf", {"i": 0}, "part-0", {})
+    replay = await client.admission.admit(again)  # the same (parent, key): the same child
+    assert (replay.job.id, replay.created) == (kids[0], False)
+    return parent.id, kids
+
+
+async def test_the_cancel_door_cascades_to_children_without_the_parents_worker(client: LocalClient) -> None:
+    # No worker at all: only the control path (JobsService.cancel) can cancel the children.
+    parent_id, kids = await _spawned_without_workers(client, 3)
+    assert await client.cancel(parent_id) is ControlOutcome.ACCEPTED
+    assert [(await client.job(k)).state for k in kids] == [JobState.CANCELLED] * 3
+
+
+async def test_get_job_lists_the_children_with_their_states(database_url: str) -> None:
+    settings = Settings.of(database_url=database_url)
+    backends = await open_backends(settings)
+    try:
+        app = load_app(APP)
+        async with connect(app, database_url) as client:
+            parent_id, kids = await _spawned_without_workers(client, 2)
+        gateway = Gateway(backends, app.specs(), Auth.open(), gateway_config(settings))
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(gateway.asgi), base_url="http://gateway") as http:
+            parent = (await http.get(f"/v1/jobs/{parent_id}")).json()
+            child = (await http.get(f"/v1/jobs/{kids[1]}")).json()
+            listed = (await http.get("/v1/jobs")).json()["jobs"]
+    finally:
+        await backends.close()
+    assert parent["children"] == [{"id": k, "agent": "leaf", "state": "queued"} for k in kids]
+    assert child["children"] == [] and child["parent_job_id"] == parent_id
+    assert all(j["children"] is None for j in listed)  # lists do not read children
