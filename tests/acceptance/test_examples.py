@@ -24,3 +24,20 @@ def test_quickstart_runs_and_shows_a_retry_and_a_stream(tmp_path: Path) -> None:
     assert "greet      succeeded attempts=1 result={'greeting': 'hello Tenure'}" in out.stdout
     assert "unreliable succeeded attempts=2" in out.stdout
     assert "execution.retrying" in out.stdout and "message.delta" in out.stdout
+
+
+def test_the_coordinator_example_gathers_its_children(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TENURE_")}
+    env["TENURE_DATABASE_URL"] = f"sqlite:///{tmp_path}/c.db"
+    out = subprocess.run(
+        [PYTHON, str(Path(ROOT) / "examples" / "coordinator.py")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=90,
+        cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "word_count succeeded result={'sentences': 6, 'words': 63}" in out.stdout
+    assert out.stdout.count("count_words succeeded") == 6
+    assert "parent events: job.waiting → job.resumed" in out.stdout

@@ -44,6 +44,7 @@ ALLOWED: dict[str, str] = {
     "tenure.backends.postgres.signals.PostgresSignals._control_jobs": ROW,
     "tenure.worker.audit.ExecutionAudit._steps": ROW,
     "tenure.worker.audit.ExecutionAudit._used": ROW,
+    "tenure.worker.children.ExecutionChildren.spawned": ROW,
     "tenure.worker.completer.Completer._records": ROW,
     "tenure.backends.postgres.signals.PostgresSignals._notices": ROW,
     "tenure.backends.redis.ready_index.RedisReadyIndex._groups": ROW,
