@@ -18,8 +18,9 @@ import pytest
 
 from tenure.app import load_app, open_backends
 from tenure.contracts.children import ChildJob
+from tenure.contracts.errors import OwnershipLost
 from tenure.contracts.states import JobState
-from tenure.contracts.types import ControlOutcome, Job
+from tenure.contracts.types import ControlOutcome, Fence, Job
 from tenure.control.coordinators import child_request
 from tenure.gateway.app import Gateway
 from tenure.gateway.auth import Auth
@@ -155,24 +156,38 @@ async def test_cancelling_the_parent_cancels_its_queued_and_running_children(
 
 
 async def _spawned_without_workers(client: LocalClient, n: int) -> tuple[str, list[str]]:
-    """A parent job and `n` children admitted as `ctx.spawn` admits them, with no worker running any of them."""
+    """A parent job started by a stand-in worker (the store's claim and start CAS) and `n` children admitted as
+    `ctx.spawn` admits them, with no worker running any of them."""
     parent = (await client.submit("coordinator", {"n": n})).job
-    exec_id = "01900000-0000-7000-8000-000000000000"
+    [(_, started)] = await client.store.claim_and_start("stand-in", ["coordinator"], [], 1, 60)
     kids = []
     for i in range(n):
-        req = child_request(parent.id, exec_id, parent.tenant, "leaf", {"i": i}, f"part-{i}", {})
+        req = child_request(started.fence, started.execution_id, parent.tenant, "leaf", {"i": i}, f"part-{i}", {})
         kids.append((await client.admission.admit(req)).job.id)
-    again = child_request(parent.id, exec_id, parent.tenant, "leaf", {"i": 0}, "part-0", {})
+    again = child_request(started.fence, started.execution_id, parent.tenant, "leaf", {"i": 0}, "part-0", {})
     replay = await client.admission.admit(again)  # the same (parent, key): the same child
     assert (replay.job.id, replay.created) == (kids[0], False)
     return parent.id, kids
 
 
 async def test_the_cancel_door_cascades_to_children_without_the_parents_worker(client: LocalClient) -> None:
-    # No worker at all: only the control path (JobsService.cancel) can cancel the children.
+    # The parent's stand-in worker never acts: only the control path (JobsService.cancel) can cancel the children.
     parent_id, kids = await _spawned_without_workers(client, 3)
-    assert await client.cancel(parent_id) is ControlOutcome.ACCEPTED
+    assert await client.cancel(parent_id) is ControlOutcome.REQUESTED
     assert [(await client.job(k)).state for k in kids] == [JobState.CANCELLED] * 3
+
+
+async def test_a_stale_parent_fence_spawns_nothing(client: LocalClient) -> None:
+    parent = (await client.submit("coordinator", {"n": 1})).job
+    [(_, started)] = await client.store.claim_and_start("stand-in", ["coordinator"], [], 1, 60)
+    f = started.fence
+    for stale in (Fence(f.job_id, f.epoch, f.token + 1), Fence(f.job_id, f.epoch + 1, f.token)):
+        req = child_request(stale, started.execution_id, parent.tenant, "leaf", {"i": 0}, "part-0", {})
+        with pytest.raises(OwnershipLost):
+            await client.admission.admit(req)
+    assert await children(client, parent.id) == []  # nothing was written
+    ok = child_request(f, started.execution_id, parent.tenant, "leaf", {"i": 0}, "part-0", {})
+    assert (await client.admission.admit(ok)).created
 
 
 async def test_get_job_lists_the_children_with_their_states(database_url: str) -> None:
@@ -190,5 +205,6 @@ async def test_get_job_lists_the_children_with_their_states(database_url: str) -
     finally:
         await backends.close()
     assert parent["children"] == [{"id": k, "agent": "leaf", "state": "queued"} for k in kids]
+    assert parent["state"] == "running"
     assert child["children"] == [] and child["parent_job_id"] == parent_id
     assert all(j["children"] is None for j in listed)  # lists do not read children

@@ -122,6 +122,7 @@ class NewJob:
     # Coordinators (docs/coordinators.md): the job and execution whose `ctx.spawn` admitted this one.
     parent_job_id: str | None = None
     parent_execution_id: str | None = None
+    parent_fence: Fence | None = None  # the spawning execution's fence: checked in the enqueue's transaction
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,7 @@ from typing import Any
 
 from tenure.contracts.errors import InvalidRequest
 from tenure.contracts.store import JobStore
-from tenure.contracts.types import ControlOutcome
+from tenure.contracts.types import ControlOutcome, Fence
 from tenure.control.admission import JobRequest
 from tenure.control.models import shown
 
@@ -30,12 +30,11 @@ def spawn_idempotency_key(parent_job_id: str, key: str) -> str:
 
 
 def child_request(
-    parent_job_id: str, parent_execution_id: str, tenant: str, agent: str, input: Any, key: str,
-    options: Mapping[str, Any],
-) -> JobRequest:  # fmt: skip
+    parent: Fence, parent_execution_id: str, tenant: str, agent: str, input: Any, key: str, options: Mapping[str, Any]
+) -> JobRequest:
     """The admission request of one child (`ctx.spawn`): the parent's tenant, the derived idempotency key, and the
-    parent's identity recorded on the child. `options`: `priority`, `max_attempts`, `deadline_s` (None: the
-    defaults of the child's agent)."""
+    parent's identity recorded on the child; its fence is checked by the store in the enqueue's transaction.
+    `options`: `priority`, `max_attempts`, `deadline_s` (None: the defaults of the child's agent)."""
     unknown = set(options) - {"priority", "max_attempts", "deadline_s"}
     if unknown:
         raise InvalidRequest(f"ctx.spawn takes priority, max_attempts and deadline_s, not {', '.join(sorted(unknown))}")
@@ -45,9 +44,9 @@ def child_request(
         priority=options.get("priority"),
         max_attempts=options.get("max_attempts"),
         deadline_s=options.get("deadline_s"),
-        idempotency_key=spawn_idempotency_key(parent_job_id, key),
+        idempotency_key=spawn_idempotency_key(parent.job_id, key),
         tenant=tenant,
-        parent_job_id=parent_job_id,
+        parent=parent,
         parent_execution_id=parent_execution_id,
     )
 

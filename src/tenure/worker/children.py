@@ -69,7 +69,7 @@ class ExecutionChildren:
         ex = self._ex
         ex.check()  # a stale or cancelled execution spawns nothing
         claim = ex.claim
-        req = child_request(claim.fence.job_id, ex.execution_id, claim.tenant, agent, input, key, options)
+        req = child_request(claim.fence, ex.execution_id, claim.tenant, agent, input, key, options)
         admitted = await self._admission().admit(req)
         self.spawned.add(admitted.id)
         return admitted.id, admitted.created

@@ -849,3 +849,8 @@ SELECT c.relname AS name, coalesce(s.n_dead_tup, 0) AS dead, coalesce(s.n_live_t
 -- name: job_children --
 -- The children of a coordinator job (jobs_parent), oldest first: what gather, cancel's cascade and GET read.
 SELECT id::text, agent, state FROM jobs WHERE parent_job_id = $1::uuid ORDER BY id
+
+-- name: parent_owns --
+-- Does a spawning parent's fence still own its running or waiting job? FOR SHARE: no claim, sweep or finish
+-- changes its epoch or state before the child's insert commits in the same transaction.
+SELECT 1 FROM jobs WHERE id = $1::uuid AND epoch = $2 AND token = $3 AND state IN ('running', 'waiting') FOR SHARE

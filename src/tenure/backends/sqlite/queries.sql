@@ -447,3 +447,7 @@ SELECT count(*) AS n, count(CASE WHEN tenant <> ?5 AND priority = ?2 THEN 1 END)
 -- name: job_children --
 -- The children of a coordinator job (jobs_parent), oldest first: what gather, cancel's cascade and GET read.
 SELECT id, agent, state FROM jobs WHERE parent_job_id = ?1 ORDER BY id
+
+-- name: parent_owns --
+-- Does a spawning parent's fence still own its running or waiting job? (Read in the enqueue's write transaction.)
+SELECT 1 FROM jobs WHERE id = ?1 AND epoch = ?2 AND token = ?3 AND state IN ('running', 'waiting')

@@ -138,6 +138,10 @@ class SqliteStore(keys.SchedulingReads, AuditWrites, RegistryOps, ChildReads):
         def fn(db: sqlite3.Connection) -> list[Enqueued]:
             out = []
             for j in jobs:
+                if (f := j.parent_fence) is not None:  # BEGIN IMMEDIATE: the check and the insert are one step
+                    _rules.check_parent_owns(
+                        j, db.execute(Q["parent_owns"], (f.job_id, f.epoch, f.token)).fetchone() is not None
+                    )
                 plan = None
                 if j.queue_cap is not None:  # the write lock makes the count and the insert one step
                     waiting = int(db.execute(Q["queued_of_agent"], (j.agent, j.queue_cap_mode)).fetchone()["n"])
