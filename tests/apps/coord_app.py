@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from tenure import Context, Tenure
+from tenure import Context, PermanentError, Tenure
 
 app = Tenure("coord")
 
@@ -14,14 +14,16 @@ app = Tenure("coord")
 async def leaf(ctx: Context, input: Any) -> dict[str, Any]:
     """Sleep `sleep_s` (cancellable), then answer its index and the worker that ran it."""
     await asyncio.sleep(float(input.get("sleep_s", 0)))
+    if input["i"] in input.get("fail", ()):
+        raise PermanentError(f"leaf {input['i']} fails on purpose")
     return {"i": input["i"], "worker": ctx.worker_id}
 
 
 @app.agent("coordinator", retry_safe=True, max_attempts=3, timeout=300)
 async def coordinator(ctx: Context, input: Any) -> dict[str, Any]:
     """Spawn `n` leaves (keys part-0 ... part-n-1), gather them, and sum their indexes."""
-    sleep_s = float(input.get("sleep_s", 0))
-    handles = [await ctx.spawn("leaf", {"i": i, "sleep_s": sleep_s}, key=f"part-{i}") for i in range(input["n"])]
+    leaf = {"sleep_s": float(input.get("sleep_s", 0)), "fail": input.get("fail", [])}
+    handles = [await ctx.spawn("leaf", {"i": i, **leaf}, key=f"part-{i}") for i in range(input["n"])]
     await ctx.emit("spawned", {"children": len(handles), "created": sum(h.created for h in handles)})
     results = await ctx.gather(*handles)
     return {

@@ -101,6 +101,18 @@ async def test_a_waiting_parent_frees_its_slot_for_its_children(
     assert "job.waiting" in types and "job.resumed" in types
 
 
+async def test_a_failed_child_fails_its_parent_without_a_retry(
+    client: LocalClient, workers: list[WorkerProc], database_url: str, tmp_path: Path
+) -> None:
+    w = start(workers, database_url, tmp_path, "w", concurrency=4)
+    parent_id = (await client.submit("coordinator", {"n": 4, "fail": [2]})).job.id
+    parent = await eventually(lambda: terminal(client, parent_id), 60, f"the coordinator to end\n{w.log()}")
+    assert (parent.state, parent.error_code, parent.attempts) == (JobState.FAILED, "child_failed", 1), w.log()
+    kids = await children(client, parent_id)
+    assert kids[2].id in (parent.error_message or "")
+    assert [k.state for k in kids] == [JobState.SUCCEEDED, JobState.SUCCEEDED, JobState.FAILED, JobState.SUCCEEDED]
+
+
 async def _parent_waiting_on(client: LocalClient, parent_id: str, n: int) -> Job | None:
     job = await client.job(parent_id)
     if job.state is JobState.WAITING and len(await children(client, parent_id)) == n:
