@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import signal
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from tenure.local import LocalClient, connect
 from tenure.serve import gateway_config
 from tenure.settings import Settings
 from tests.integration.procs import WorkerProc, eventually
+from tests.integration.redisproc import RedisProc
 
 pytestmark = pytest.mark.slow
 
@@ -48,8 +50,11 @@ def workers() -> Iterator[list[WorkerProc]]:
         w.stop()
 
 
-def start(workers: list[WorkerProc], database_url: str, tmp_path: Path, name: str, concurrency: int) -> WorkerProc:
-    w = WorkerProc(database_url, tmp_path, name, app=APP, concurrency=concurrency)
+def start(
+    workers: list[WorkerProc], database_url: str, tmp_path: Path, name: str, concurrency: int,
+    env: dict[str, str] | None = None,
+) -> WorkerProc:  # fmt: skip
+    w = WorkerProc(database_url, tmp_path, name, app=APP, concurrency=concurrency, env=env)
     workers.append(w)
     return w
 
@@ -86,6 +91,23 @@ async def test_a_coordinator_gathers_twenty_children_run_across_three_workers(
     detail = await client.service.job_detail(parent_id)
     assert [c.id for c in detail.children or ()] == [k.id for k in kids]
     assert detail.to_dict()["children"][0] == {"id": kids[0].id, "agent": "leaf", "state": "succeeded"}
+
+
+async def test_with_redis_a_coordinator_gathers_its_children_across_workers(
+    database_url: str, private_redis: RedisProc, workers: list[WorkerProc], tmp_path: Path
+) -> None:
+    # The ready index and the live channel on Redis: children are hinted through the index like any admitted job.
+    prefix = f"tenure-test:{uuid.uuid4().hex}:"
+    env = {"TENURE_REDIS_URL": private_redis.url, "TENURE_REDIS_PREFIX": prefix}
+    for name in ("a", "b", "c"):
+        start(workers, database_url, tmp_path, name, concurrency=4, env=env)
+    settings = Settings.of(database_url=database_url, redis_url=private_redis.url, redis_prefix=prefix)
+    async with connect(APP, settings=settings) as client:
+        parent_id = (await client.submit("coordinator", {"n": 20, "sleep_s": 0.2})).job.id
+        parent = await eventually(lambda: terminal(client, parent_id), 90, f"the coordinator to end\n{logs(workers)}")
+        kids = await children(client, parent_id)
+    assert parent.state is JobState.SUCCEEDED, (parent.error_code, parent.error_message, logs(workers))
+    assert parent.result["n"] == 20 and len(kids) == 20 and len(parent.result["workers"]) >= 2
 
 
 async def test_a_waiting_parent_frees_its_slot_for_its_children(
