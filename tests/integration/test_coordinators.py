@@ -4,11 +4,13 @@
 - a parent waiting on its children holds no worker slot: one worker with one slot runs parent and children;
 - SIGKILL of the parent's worker mid-gather, then its retry (retry-safe), creates no second set of children;
 - cancelling the parent cancels its children still queued or running, also by the cancel door alone;
-- `GET /v1/jobs/{id}` lists a parent's children, and a child names its parent.
+- `GET /v1/jobs/{id}` lists a parent's children, and a child names its parent;
+- the parent's SSE stream with `?include=children` carries its children's events.
 """
 
 from __future__ import annotations
 
+import json
 import signal
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -242,3 +244,43 @@ async def test_get_job_lists_the_children_with_their_states(database_url: str) -
     assert parent["state"] == "running"
     assert child["children"] == [] and child["parent_job_id"] == parent_id
     assert all(j["children"] is None for j in listed)  # lists do not read children
+
+
+def sse_frames(text: str) -> list[dict[str, str]]:
+    """The frames of an SSE body (comments dropped): each a dict of its fields."""
+    frames = []
+    for block in text.split("\n\n"):
+        fields = dict(line.split(": ", 1) for line in block.splitlines() if line and not line.startswith(":"))
+        if fields:
+            frames.append(fields)
+    return frames
+
+
+async def test_the_parents_stream_with_include_children_carries_the_childrens_events(
+    database_url: str, workers: list[WorkerProc], tmp_path: Path
+) -> None:
+    w = start(workers, database_url, tmp_path, "w", concurrency=4)
+    settings = Settings.of(database_url=database_url)
+    backends = await open_backends(settings)
+    try:
+        app = load_app(APP)
+        gateway = Gateway(backends, app.specs(), Auth.open(), gateway_config(settings))
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(gateway.asgi), base_url="http://gateway") as http:
+            submitted = await http.post("/v1/jobs", json={"agent": "coordinator", "input": {"n": 3, "sleep_s": 0.2}})
+            parent_id = submitted.json()["id"]
+            body = (await http.get(f"/v1/jobs/{parent_id}/events?include=children", timeout=60)).text
+            refused = await http.get(f"/v1/jobs/{parent_id}/events?include=children&format=json")
+            async with connect(app, database_url) as client:
+                kids = {k.id for k in await children(client, parent_id)}
+    finally:
+        await backends.close()
+    frames = sse_frames(body)
+    own = [f for f in frames if f.get("event") != "child"]
+    assert own and all("id" in f for f in own) and own[-1]["event"] == "job.succeeded", w.log()
+    child = [json.loads(f["data"]) for f in frames if f.get("event") == "child"]
+    assert all("id" not in f for f in frames if f.get("event") == "child")  # Last-Event-ID stays the parent's
+    assert len(kids) == 3 and {e["job_id"] for e in child} == kids
+    ends = [e["job_id"] for e in child if e["type"] == "job.succeeded"]
+    assert sorted(ends) == sorted(kids)  # each child's history, to its terminal event, once
+    assert len({(e["job_id"], e["execution_id"], e["seq"]) for e in child}) == len(child)  # no duplicate
+    assert refused.status_code == 400

@@ -119,6 +119,7 @@ ALLOWED: dict[str, str] = {
     "tenure.demos.examples._http": SCOPED,  # the example app's own HTTP client (not the runtime's)
     "tenure.gateway.problems.Problem.headers": SCOPED,  # one response
     "tenure.gateway.streams.Subscription._pending": SCOPED,  # one client stream
+    "tenure.gateway.family.ChildEvents.cursors": SCOPED,  # one client stream (?include=children)
     "tenure.worker.execution.Execution.commands": SCOPED,  # one execution
     "tenure.worker.execution.Execution.usage": SCOPED,  # one execution, written with its finish
 }
