@@ -82,7 +82,8 @@ class Env:
     artifacts: ArtifactStore | None = None
     """Where results and evidence over the threshold go (docs/artifacts.md); None: inline, at most 1 MiB."""
     admission: Admission | None = None
-    """The door children come in by (`ctx.spawn`); None: one built on first use from the store and the app."""
+    """The door children come in by (`ctx.spawn`); None (a worker built without one): one built on first use over
+    the store, with the default limits, knowing the child agents from the live registry."""
 
 
 async def _call_handler(agent: Agent, ctx: Context, payload: Any, adapter: BlockingAdapter) -> Any:
