@@ -83,6 +83,7 @@ async def test_a_coordinator_gathers_twenty_children_run_across_three_workers(
     parent = await eventually(lambda: terminal(client, parent_id), 90, f"the coordinator to end\n{logs(workers)}")
     assert parent.state is JobState.SUCCEEDED, (parent.error_code, parent.error_message, logs(workers))
     assert parent.result["n"] == 20 and parent.result["sum"] == sum(range(20))
+    assert parent.attempts == 1  # its claim was renewed while it waited: one attempt
     kids = await children(client, parent_id)
     assert len(kids) == 20 and all(k.state is JobState.SUCCEEDED for k in kids)
     ran_on = {(await client.job(k.id)).result["worker"] for k in kids}
