@@ -1,8 +1,7 @@
 from __future__ import annotations
 
-import re
-
 import random
+import re
 import uuid
 
 import pytest
