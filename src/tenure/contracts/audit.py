@@ -12,12 +12,11 @@ later attempt finds what an earlier one recorded (docs/journal.md).
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tenure.contracts.errors import ConfigError
+from tenure.contracts.json_settings import finite_number, parse_json_object
 from tenure.contracts.types import Fence
 
 RECORD_KINDS = ("tool_call", "evidence", "usage", "requeue")
@@ -150,23 +149,15 @@ class Price:
 def parse_prices(text: str, name: str = "TENURE_PRICES") -> dict[str, Price]:
     """`{"gpt-4o": {"input": 0.0025, "output": 0.01}, ...}`: USD per 1,000 tokens of each model. Both prices
     are required, finite and >= 0; nothing else is accepted."""
-    if not text.strip():
-        return {}
-    try:
-        raw = json.loads(text)
-    except ValueError as exc:
-        raise ConfigError(f'{name} is not JSON ({exc}); expected {{"model": {{"input": 0.5, "output": 1.5}}}}') from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f'{name} must be a JSON object of model -> {{"input": ..., "output": ...}}')
-    out = {}
-    for model, p in raw.items():
-        if not isinstance(p, dict) or set(p) != {"input", "output"}:
-            raise ConfigError(f'{name}: {model!r} needs exactly "input" and "output" (USD per 1,000 tokens)')
-        values = [p["input"], p["output"]]
-        if any(isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0 for v in values):
-            raise ConfigError(f"{name}: the prices of {model!r} must be finite numbers >= 0")
-        out[str(model)] = Price(float(values[0]), float(values[1]))
-    return out
+    return parse_json_object(text, name, '{"model": {"input": 0.5, "output": 1.5}}', _price)
+
+
+def _price(p: Any) -> Price:
+    if not isinstance(p, dict) or set(p) != {"input", "output"}:
+        raise ValueError('needs exactly "input" and "output" (USD per 1,000 tokens)')
+    if not all(finite_number(p[k]) and p[k] >= 0 for k in ("input", "output")):
+        raise ValueError("needs prices that are finite numbers >= 0")
+    return Price(float(p["input"]), float(p["output"]))
 
 
 def priced(model: str | None, counts: Mapping[str, float], prices: Mapping[str, Price]) -> dict[str, float]:
