@@ -14,8 +14,10 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
+from tenure.contracts.errors import ConfigError
 from tenure.contracts.json_settings import finite_number, parse_json_object
 from tenure.contracts.types import Fence
 
@@ -115,6 +117,36 @@ class BudgetUse:
 
 
 BUDGET_LIMITS = ("tool_calls", "tokens", "cost", "wall_s")
+BUDGET_MAX: Mapping[str, int] = MappingProxyType({"tool_calls": 10**9, "tokens": 10**12, "cost": 10**12, "wall_s": 10**12})
+"""The largest value of each limit; `tool_calls` and `tokens` are whole numbers >= 1, `cost` and `wall_s` > 0
+(the same ranges `control.models.Budget` holds a submitted budget to)."""
+_WHOLE = ("tool_calls", "tokens")
+
+
+def check_budget(budget: Mapping[str, Any], what: str) -> tuple[tuple[str, float], ...]:
+    """An agent's default budget (`@app.agent(budget=...)`) held to a job budget's ranges, as sorted (limit,
+    amount) pairs; `ConfigError` naming `what` and the limit otherwise."""
+    if not isinstance(budget, Mapping):
+        raise ConfigError(f"{what}: budget must be a dict of limits ({', '.join(BUDGET_LIMITS)})")
+    out = []
+    for name, value in budget.items():
+        if name not in BUDGET_MAX:
+            raise ConfigError(f"{what}: budget has no limit {name!r} (limits: {', '.join(BUDGET_LIMITS)})")
+        whole = name in _WHOLE
+        if not finite_number(value) or (whole and float(value) != int(value)):
+            raise ConfigError(f"{what}: budget {name} must be a {'whole ' if whole else ''}number, not {value!r}")
+        if not ((value >= 1) if whole else (value > 0)) or value > BUDGET_MAX[name]:
+            low = "from 1" if whole else "above 0 and"
+            raise ConfigError(f"{what}: budget {name} must be {low} up to {BUDGET_MAX[name]:g}, not {value!r}")
+        out.append((name, int(value) if whole else float(value)))
+    return tuple(sorted(out))
+
+
+def job_budget(agent_default: Iterable[tuple[str, float]], own: Mapping[str, float] | None) -> dict[str, float] | None:
+    """The budget a job runs with: its agent's default with the job's own limits over it, limit by limit (a job
+    that names `tokens` keeps the agent's `tool_calls`); None when neither gives a limit (docs/budgets.md)."""
+    out = dict(agent_default) | dict(own or {})
+    return out or None
 
 
 def budget_use(budget_json: str, row: Mapping[str, Any]) -> BudgetUse:
