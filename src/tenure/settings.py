@@ -32,7 +32,7 @@ from tenure.contracts.quotas import QuotaSpec, parse_quotas, quotas_from_table
 from tenure.control.admission import AdmissionLimits
 from tenure.control.gate import GateConfig
 from tenure.control.tenant_budgets import parse_tenant_budgets
-from tenure.worker.config import WorkerConfig
+from tenure.worker.config import WorkerConfig, parse_tenant_retention
 
 DEFAULT_APP = "tenure.demos.examples:app"
 _SQL_SCHEMES = ("sqlite", "postgresql", "postgres", "postgresql+asyncpg")
@@ -273,6 +273,7 @@ _TABLE: dict[str, tuple[str, str, Callable[[str, str], Any]]] = {
     "claim_mode": ("worker", "claim_mode", _choice("one_step", "two_step")),
     "prices": ("worker", "prices", lambda name, text: parse_prices(text, name)),
     "retention_days": ("worker", "retention_days", lambda name, text: _pos_float(name, text, "days")),
+    "tenant_retention_days": ("worker", "tenant_retention_days", lambda name, text: parse_tenant_retention(text, name)),
     "artifact_threshold_bytes": ("worker", "artifact_threshold_bytes", _pos_int),
     "max_result_bytes": ("worker", "max_result_bytes", _pos_int),
     "unhealthy_after": ("worker", "unhealthy_after", _pos_int),

@@ -26,6 +26,27 @@ def test_quickstart_runs_and_shows_a_retry_and_a_stream(tmp_path: Path) -> None:
     assert "execution.retrying" in out.stdout and "message.delta" in out.stdout
 
 
+def test_the_budgets_example_stops_a_runaway_at_its_agents_default_and_lets_a_job_override_it(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TENURE_")}
+    env["TENURE_DATABASE_URL"] = f"sqlite:///{tmp_path}/b.db"
+    out = subprocess.run(
+        [PYTHON, str(Path(ROOT) / "examples" / "budgets.py")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=90,
+        cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stderr
+    assert (
+        "agent default      failed    budget_exhausted the job's tool_calls budget is exhausted: 5 used of 5" in out.stdout
+    )
+    assert "own tool_calls=20  succeeded  {'calls': 8}" in out.stdout
+    assert (
+        "own tokens=300     failed    budget_exhausted the job's tokens budget is exhausted: 300 used of 300" in out.stdout
+    )
+
+
 def test_the_coordinator_example_gathers_its_children(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TENURE_")}
     env["TENURE_DATABASE_URL"] = f"sqlite:///{tmp_path}/c.db"

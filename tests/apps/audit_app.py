@@ -105,6 +105,17 @@ async def runaway(ctx: Context, input: Any) -> None:
         await asyncio.sleep(0)
 
 
+@app.agent("frugal", timeout=60, max_attempts=1, budget={"tokens": 300, "wall_s": 600})
+async def frugal(ctx: Context, input: Any) -> int:
+    """`calls` tool calls (10 by default), each reporting 100 tokens, under its agent's default budget of 300."""
+    calls = int((input or {}).get("calls", 10))
+    for n in range(1, calls + 1):
+        async with ctx.tool_call("lookup", {"n": n}) as call:
+            ctx.usage(model="gpt-test", input_tokens=90, output_tokens=10)
+            call.result(n)
+    return calls
+
+
 @app.agent("concurrent_steps", timeout=60, max_attempts=1)
 async def concurrent_steps(ctx: Context, input: Any) -> dict[str, Any]:
     """Two first steps at once, then the same keys again, then one key twice at once."""

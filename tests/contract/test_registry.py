@@ -17,7 +17,11 @@ from tenure.control.directory import MISS_S, TTL_S, AgentDirectory
 
 W1, W2 = "worker-1", "worker-2"
 TTL = 30.0
-SPECS = {"summarize": AgentSpec("summarize", max_attempts=5, timeout_s=600.0, retry_safe=True, priority=7)}
+SPECS = {
+    "summarize": AgentSpec(
+        "summarize", max_attempts=5, timeout_s=600.0, retry_safe=True, priority=7, budget=(("cost", 2.5), ("tokens", 500))
+    )
+}
 
 
 def info(worker_id: str, agents: tuple[str, ...] = ("summarize",), **kw: object) -> WorkerInfo:
@@ -97,6 +101,10 @@ async def test_admission_knows_the_agents_of_live_workers(store: Store) -> None:
     job = (await door.admit(JobRequest("summarize", {"text": "x"}))).job
     # The worker's defaults, not the plain ones: attempts, timeout, retry safety, priority.
     assert (job.agent, job.max_attempts, job.timeout_s, job.retry_safe, job.priority) == ("summarize", 5, 600.0, True, 7)
+    # ... and its default budget, under the job's own limits (limit by limit).
+    assert (await store.read_budget(job.id)).limits == {"cost": 2.5, "tokens": 500}  # type: ignore[union-attr]
+    own = (await door.admit(JobRequest("summarize", {}, budget={"tokens": 9, "tool_calls": 3}))).job
+    assert (await store.read_budget(own.id)).limits == {"cost": 2.5, "tokens": 9, "tool_calls": 3}  # type: ignore[union-attr]
     with pytest.raises(UnknownAgent, match=r"known agents: ocr, summarize\)"):
         await door.admit(JobRequest("translate", {}))
     # Accepted for a worker not up yet: per request, or for the whole door.

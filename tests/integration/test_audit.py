@@ -109,6 +109,46 @@ async def test_a_budget_counts_every_attempt_of_the_job(client: LocalClient) -> 
     assert len((await job_audit(client.service, job_id, None))["tool_calls"]) == 3
 
 
+async def test_a_job_without_a_budget_runs_under_its_agents_default_budget(client: LocalClient) -> None:
+    job_id = (await client.submit("frugal", None)).job.id  # the agent's default: tokens 300
+    job = await eventually(lambda: _terminal(client, job_id), 30, "the job to be stopped")
+    assert (job.state, job.error_code) == (JobState.FAILED, "budget_exhausted")
+    assert job.error_message is not None and "tokens budget is exhausted: 300 used of 300" in job.error_message
+    assert len((await job_audit(client.service, job_id, None))["tool_calls"]) == 3
+    assert (await client.store.read_budget(job_id)).limits == {"tokens": 300, "wall_s": 600}  # type: ignore[union-attr]
+
+
+async def test_a_jobs_own_budget_overrides_its_agents_default_limit_by_limit(client: LocalClient) -> None:
+    roomy = (await client.submit("frugal", None, budget={"tokens": 5000})).job.id
+    job = await eventually(lambda: _terminal(client, roomy), 30, "the job to end")
+    assert (job.state, job.result) == (JobState.SUCCEEDED, 10)  # 1000 tokens: over the agent's 300, under its own
+    assert (await client.store.read_budget(roomy)).limits == {"tokens": 5000, "wall_s": 600}  # type: ignore[union-attr]
+    # A job naming another limit keeps the agent's tokens as well: the first limit reached stops it.
+    tight = (await client.submit("frugal", None, budget={"tool_calls": 2})).job.id
+    job = await eventually(lambda: _terminal(client, tight), 30, "the job to be stopped")
+    assert (job.state, job.error_code) == (JobState.FAILED, "budget_exhausted")
+    assert job.error_message is not None and "tool_calls budget is exhausted: 2 used of 2" in job.error_message
+    assert (await client.store.read_budget(tight)).limits == {"tokens": 300, "tool_calls": 2, "wall_s": 600}  # type: ignore[union-attr]
+
+
+def test_an_agents_default_budget_is_validated_when_it_is_declared() -> None:
+    from tenure import Tenure
+
+    for bad, said in (
+        ({"toks": 5}, "agent 'x': budget has no limit 'toks'"),
+        ({"tokens": 0}, "agent 'x': budget tokens must be from 1"),
+        ({"tool_calls": 1.5}, "agent 'x': budget tool_calls must be a whole number"),
+        ({"cost": -1}, "agent 'x': budget cost must be above 0"),
+        ({"wall_s": True}, "agent 'x': budget wall_s must be a number"),
+        ({"tokens": 10**13}, "agent 'x': budget tokens must be from 1 up to 1e.12"),
+        ([("tokens", 5)], "agent 'x': budget must be a dict"),
+    ):
+        with pytest.raises(ConfigError, match=said):
+            Tenure().agent("x", budget=bad)(lambda ctx, input: None)  # type: ignore[arg-type]
+    spec = Tenure().agent("x", budget={"tokens": 10.0, "cost": 2})(lambda ctx, input: None)
+    assert spec is not None
+
+
 async def test_a_malformed_budget_is_refused_at_admission(client: LocalClient) -> None:
     for bad in ({"tool_calls": 0}, {"tokens": "many"}, {"cost": -1}, {"wall": 5}, {"tool_calls": 1.5}):
         with pytest.raises(InvalidRequest):

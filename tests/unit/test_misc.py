@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import random
+import re
 import uuid
 
 import pytest
@@ -65,17 +66,27 @@ def _where_lines(sql: str, marker: str) -> list[str]:
     return out
 
 
+def _set_items(sql: str, marker: str) -> set[str]:
+    """The assignments of the UPDATE that follows `marker`, whitespace-normalised."""
+    body = sql[sql.index(marker) :]
+    sets = body[body.index(" SET ") + 5 : body.index(" FROM ")]
+    return {" ".join(item.split()) for item in re.split(r",\s*(?![^()]*\))", sets)}
+
+
 def test_claim_start_function_keeps_every_condition_of_the_claim_and_the_start() -> None:
     q = load_queries("tenure.backends.postgres")
-    fn = q["claim_start_function"].replace("p_worker", "$1").replace("p_token", "$6")
+    fn = q["claim_start_function"].replace("p_worker", "$1").replace("p_token", "$6").replace("p_ttl", "$5")
     claim = _where_lines(q["claim_jobs"], "UPDATE jobs AS j")
-    start = _where_lines(q["start_executions"], "UPDATE jobs AS j")
-    assert len(claim) == 3 and len(start) == 2
+    assert len(claim) == 3
+    # One UPDATE: the claim's conditions; the start's (owner, epoch, token of an unstarted claim) hold by
+    # construction for a row the same statement claims.
     assert _where_lines(fn, "UPDATE jobs AS j") == claim
-    fn_start = _where_lines(fn[fn.index("The start CAS") :], "UPDATE jobs AS j")
-    # The function finds each claimed row by the tuple id its claim wrote, then checks what the start checks.
-    assert fn_start[0] == "WHERE j.ctid = x.row_ctid"
-    assert ["WHERE " + fn_start[1].removeprefix("AND "), *fn_start[2:]] == start
+    assert fn.count("UPDATE jobs") == 1
+    # Its SET is the claim's and the start's, the execution id taken from the array instead of $5.
+    claim_set = _set_items(q["claim_jobs"], "UPDATE jobs AS j")
+    start_set = _set_items(q["start_executions"], "UPDATE jobs AS j")
+    start_set = {x.replace("x.execution_id", "p_executions[c.n]") for x in start_set}
+    assert _set_items(fn, "UPDATE jobs AS j") == claim_set | start_set
     candidates = q["claim_jobs"][q["claim_jobs"].index("WHERE state") : q["claim_jobs"].index("FOR UPDATE")]
     fn_candidates = fn[fn.index("WHERE state") : fn.index("FOR UPDATE")]
     normal = {"$2::text[]": "p_agents", "$3::text[]": "p_caps", "$4": "p_limit"}

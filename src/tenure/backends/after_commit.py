@@ -20,7 +20,7 @@ says which write wakes whom, whatever the transport. Reads and the other writes 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from tenure.contracts.audit import AuditRecord, BudgetUse, StepRecord, StoredRecord
@@ -290,8 +290,10 @@ class AfterCommit:
     async def read_budget(self, job_id: str) -> BudgetUse | None:
         return await self.store.read_budget(job_id)
 
-    async def purge_finished(self, older_than_s: float, limit: int) -> list[str]:
-        return await self.store.purge_finished(older_than_s, limit)
+    async def purge_finished(
+        self, older_than_s: float, limit: int, by_tenant: Mapping[str, float] | None = None
+    ) -> list[str]:
+        return await self.store.purge_finished(older_than_s, limit, by_tenant)
 
     async def usage_report(self, from_s: float, to_s: float, group_by: str, tenant: str | None) -> list[dict[str, Any]]:
         return await self.store.usage_report(from_s, to_s, group_by, tenant)

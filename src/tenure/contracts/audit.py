@@ -12,12 +12,13 @@ later attempt finds what an earlier one recorded (docs/journal.md).
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 from tenure.contracts.errors import ConfigError
+from tenure.contracts.json_settings import finite_number, parse_json_object
 from tenure.contracts.types import Fence
 
 RECORD_KINDS = ("tool_call", "evidence", "usage", "requeue")
@@ -116,6 +117,36 @@ class BudgetUse:
 
 
 BUDGET_LIMITS = ("tool_calls", "tokens", "cost", "wall_s")
+BUDGET_MAX: Mapping[str, int] = MappingProxyType({"tool_calls": 10**9, "tokens": 10**12, "cost": 10**12, "wall_s": 10**12})
+"""The largest value of each limit; `tool_calls` and `tokens` are whole numbers >= 1, `cost` and `wall_s` > 0
+(the same ranges `control.models.Budget` holds a submitted budget to)."""
+_WHOLE = ("tool_calls", "tokens")
+
+
+def check_budget(budget: Mapping[str, Any], what: str) -> tuple[tuple[str, float], ...]:
+    """An agent's default budget (`@app.agent(budget=...)`) held to a job budget's ranges, as sorted (limit,
+    amount) pairs; `ConfigError` naming `what` and the limit otherwise."""
+    if not isinstance(budget, Mapping):
+        raise ConfigError(f"{what}: budget must be a dict of limits ({', '.join(BUDGET_LIMITS)})")
+    out = []
+    for name, value in budget.items():
+        if name not in BUDGET_MAX:
+            raise ConfigError(f"{what}: budget has no limit {name!r} (limits: {', '.join(BUDGET_LIMITS)})")
+        whole = name in _WHOLE
+        if not finite_number(value) or (whole and float(value) != int(value)):
+            raise ConfigError(f"{what}: budget {name} must be a {'whole ' if whole else ''}number, not {value!r}")
+        if not ((value >= 1) if whole else (value > 0)) or value > BUDGET_MAX[name]:
+            low = "from 1" if whole else "above 0 and"
+            raise ConfigError(f"{what}: budget {name} must be {low} up to {BUDGET_MAX[name]:g}, not {value!r}")
+        out.append((name, int(value) if whole else float(value)))
+    return tuple(sorted(out))
+
+
+def job_budget(agent_default: Iterable[tuple[str, float]], own: Mapping[str, float] | None) -> dict[str, float] | None:
+    """The budget a job runs with: its agent's default with the job's own limits over it, limit by limit (a job
+    that names `tokens` keeps the agent's `tool_calls`); None when neither gives a limit (docs/budgets.md)."""
+    out = dict(agent_default) | dict(own or {})
+    return out or None
 
 
 def budget_use(budget_json: str, row: Mapping[str, Any]) -> BudgetUse:
@@ -150,23 +181,15 @@ class Price:
 def parse_prices(text: str, name: str = "TENURE_PRICES") -> dict[str, Price]:
     """`{"gpt-4o": {"input": 0.0025, "output": 0.01}, ...}`: USD per 1,000 tokens of each model. Both prices
     are required, finite and >= 0; nothing else is accepted."""
-    if not text.strip():
-        return {}
-    try:
-        raw = json.loads(text)
-    except ValueError as exc:
-        raise ConfigError(f'{name} is not JSON ({exc}); expected {{"model": {{"input": 0.5, "output": 1.5}}}}') from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f'{name} must be a JSON object of model -> {{"input": ..., "output": ...}}')
-    out = {}
-    for model, p in raw.items():
-        if not isinstance(p, dict) or set(p) != {"input", "output"}:
-            raise ConfigError(f'{name}: {model!r} needs exactly "input" and "output" (USD per 1,000 tokens)')
-        values = [p["input"], p["output"]]
-        if any(isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0 for v in values):
-            raise ConfigError(f"{name}: the prices of {model!r} must be finite numbers >= 0")
-        out[str(model)] = Price(float(values[0]), float(values[1]))
-    return out
+    return parse_json_object(text, name, '{"model": {"input": 0.5, "output": 1.5}}', _price)
+
+
+def _price(p: Any) -> Price:
+    if not isinstance(p, dict) or set(p) != {"input", "output"}:
+        raise ValueError('needs exactly "input" and "output" (USD per 1,000 tokens)')
+    if not all(finite_number(p[k]) and p[k] >= 0 for k in ("input", "output")):
+        raise ValueError("needs prices that are finite numbers >= 0")
+    return Price(float(p["input"]), float(p["output"]))
 
 
 def priced(model: str | None, counts: Mapping[str, float], prices: Mapping[str, Price]) -> dict[str, float]:

@@ -4,7 +4,7 @@
                    Computed by the worker from its own finishes and written with its heartbeat (no round trip
                    of its own).
     agent specs    the admission defaults of every agent it serves (attempts, timeout, retry safety, requires,
-                   priority), written once at registration, so that a producer that never imported the
+                   priority, default budget), written once at registration, so that a producer that never imported the
                    workers' code admits a job of theirs exactly as the workers' app would.
 
 Capabilities are `category/subcategory` strings (`text/summarize`, `text/*` for a whole category); features
@@ -19,6 +19,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from tenure.contracts.audit import check_budget
 from tenure.contracts.errors import ConfigError
 from tenure.contracts.types import AgentSpec
 
@@ -70,6 +71,7 @@ def specs_json(specs: Mapping[str, AgentSpec]) -> str:
                 "requires": sorted(s.requires),
                 "priority": s.priority,
             }
+            | ({"budget": dict(s.budget)} if s.budget else {})
             for name, s in sorted(specs.items())
         },
         separators=(",", ":"),
@@ -102,6 +104,7 @@ def _spec(name: str, d: dict[str, Any]) -> AgentSpec:
             retry_safe=bool(d.get("retry_safe", False)),
             requires=frozenset(str(t) for t in d.get("requires", ())),
             priority=int(d.get("priority", 0)),
+            budget=check_budget(d.get("budget") or {}, f"agent {name!r}"),
         )
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, ConfigError):
         return AgentSpec(name)

@@ -21,7 +21,7 @@ above the dialects.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
@@ -358,11 +358,15 @@ class JobStore(Protocol):
         used of it so far; None for a job without a budget."""
         ...
 
-    async def purge_finished(self, older_than_s: float, limit: int) -> list[str]:
-        """Retention: delete up to `limit` jobs that finished (a terminal state) more than `older_than_s` seconds
-        ago on the database clock, oldest first, each with its whole history — events, executions, audit
-        records, journal steps, budget, commands — in one transaction. Never a job that is not terminal (a
-        requeued one is not). Returns the ids deleted."""
+    async def purge_finished(
+        self, older_than_s: float, limit: int, by_tenant: Mapping[str, float] | None = None
+    ) -> list[str]:
+        """Retention: delete up to `limit` jobs that finished (a terminal state) longer ago than their tenant's
+        retention on the database clock — `by_tenant[tenant]` seconds for a tenant there, `older_than_s` for every
+        other — oldest first, each with its whole history — events, executions, audit records, journal steps,
+        budget, commands — in one transaction. Never a job that is not terminal (a requeued one is not). Reading
+        the candidates costs one bounded index scan per tenant in `by_tenant` and one for the rest. Returns the
+        ids deleted."""
         ...
 
     async def usage_report(self, from_s: float, to_s: float, group_by: str, tenant: str | None) -> list[dict[str, Any]]:

@@ -81,6 +81,9 @@ class AgentSpec:
     max_queued: int | None = None
     degrade_to: str | None = None
     modes: tuple[str, ...] = ()
+    budget: tuple[tuple[str, float], ...] = ()
+    """The default budget of its jobs, (limit, amount) pairs; a job's own budget overrides it limit by limit
+    (`contracts.audit.job_budget`, docs/budgets.md)."""
 
 
 MULTITASK = ("enqueue", "reject", "interrupt", "drop_queued")

@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tenure.contracts.audit import job_budget
 from tenure.contracts.errors import (
     IdempotencyConflict,
     InputTooLarge,
@@ -170,13 +171,15 @@ class Admission:
         if req.idempotency_key is not None:
             check(KEY, req.idempotency_key, "idempotency_key")
             digest = idem_digest(req.tenant, req.idempotency_key)
-        budget = None if fields.budget is None else fields.budget.model_dump(exclude_none=True) or None
+        own = None if fields.budget is None else fields.budget.model_dump(exclude_none=True) or None
+        budget = job_budget(spec.budget, own)  # the agent's default, the job's own limits over it
         defining: list[Any] = [spec.name, input_json, priority, sorted(requires), deadline_s, max_attempts]
-        # Appended only when set: earlier fingerprints stay valid.
+        # Appended only when set: earlier fingerprints stay valid. The job's own budget, not the merged one: a
+        # deploy that changes the agent's default must not turn the replay of a key into a conflict.
         if fields.concurrency_key is not None:
             defining += [fields.concurrency_key, fields.multitask or spec.multitask]
-        if budget:
-            defining.append(budget)
+        if own:
+            defining.append(own)
         fingerprint = hashlib.sha256(json.dumps(defining).encode()).digest()
         mode_requested, mode_effective, degraded = self._mode(spec, fields.mode)
         return NewJob(

@@ -20,6 +20,7 @@ from typing import Annotated, Any, Literal, TypeVar
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError
 from pydantic_core import ErrorDetails
 
+from tenure.contracts.audit import BUDGET_MAX
 from tenure.contracts.errors import InvalidRequest
 from tenure.contracts.types import Event, Job
 
@@ -63,7 +64,8 @@ Priority = Annotated[int, Field(ge=0, le=MAX_PRIORITY), BeforeValidator(_integra
 Attempts = Annotated[int, Field(ge=1, le=MAX_ATTEMPTS), BeforeValidator(_integral)]
 
 
-_Positive = Annotated[int, Field(gt=0, le=10**12)] | Annotated[float, Field(gt=0, le=1e12)]
+_MAX = BUDGET_MAX["cost"]  # cost and wall_s share it
+_Positive = Annotated[int, Field(gt=0, le=_MAX)] | Annotated[float, Field(gt=0, le=float(_MAX))]
 
 
 class Budget(BaseModel):
@@ -73,11 +75,11 @@ class Budget(BaseModel):
     model_config = _STRICT
 
     tool_calls: Annotated[
-        Annotated[int, Field(ge=1, le=10**9), BeforeValidator(_integral)] | None,
+        Annotated[int, Field(ge=1, le=BUDGET_MAX["tool_calls"]), BeforeValidator(_integral)] | None,
         Field(description="the most tool calls (ctx.tool_call) the job may make"),
     ] = None
     tokens: Annotated[
-        Annotated[int, Field(ge=1, le=10**12), BeforeValidator(_integral)] | None,
+        Annotated[int, Field(ge=1, le=BUDGET_MAX["tokens"]), BeforeValidator(_integral)] | None,
         Field(description="the most input + output tokens (ctx.usage) the job may use"),
     ] = None
     cost: Annotated[_Positive | None, Field(description="the most cost_usd (ctx.usage) the job may spend")] = None

@@ -8,13 +8,12 @@ Only tenants named there pay for the check: one read of their usage in the windo
 
 from __future__ import annotations
 
-import json
-import math
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
-from tenure.contracts.errors import ConfigError
+from tenure.contracts.json_settings import finite_number, parse_json_object
 from tenure.contracts.store import Store
 from tenure.control.gate import QueueFull
 
@@ -39,23 +38,16 @@ class TenantBudgetExhausted(QueueFull):
 def parse_tenant_budgets(text: str, name: str = "TENURE_TENANT_BUDGETS") -> dict[str, TenantBudget]:
     """`{"tenant": {"tokens": N, "cost": USD, "window_s": S}}`: at least one of tokens and cost, each > 0;
     `window_s` > 0 (default 86400)."""
-    if not text.strip():
-        return {}
-    try:
-        raw = json.loads(text)
-    except ValueError as exc:
-        raise ConfigError(f"{name} is not JSON ({exc})") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f'{name} must be a JSON object: {{"tenant": {{"tokens": 1000000, "cost": 50}}}}')
-    out = {}
-    for tenant, b in raw.items():
-        if not isinstance(b, dict) or not b or set(b) - _KEYS or not set(b) & {"tokens", "cost"}:
-            raise ConfigError(f"{name}: {tenant!r} needs tokens and/or cost (and optionally window_s), nothing else")
-        for k, v in b.items():
-            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v <= 0:
-                raise ConfigError(f"{name}: {tenant!r} {k} must be a positive number")
-        out[str(tenant)] = TenantBudget(b.get("tokens"), b.get("cost"), float(b.get("window_s", 86400.0)))
-    return out
+    return parse_json_object(text, name, '{"tenant": {"tokens": 1000000, "cost": 50}}', _budget)
+
+
+def _budget(b: Any) -> TenantBudget:
+    if not isinstance(b, dict) or not b or set(b) - _KEYS or not set(b) & {"tokens", "cost"}:
+        raise ValueError("needs tokens and/or cost (and optionally window_s), nothing else")
+    for k, v in b.items():
+        if not finite_number(v) or v <= 0:
+            raise ValueError(f"{k} must be a positive number")
+    return TenantBudget(b.get("tokens"), b.get("cost"), float(b.get("window_s", 86400.0)))
 
 
 async def check_tenant_budgets(store: Store, budgets: Mapping[str, TenantBudget], tenants: Iterable[str]) -> None:

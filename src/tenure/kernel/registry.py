@@ -2,7 +2,7 @@
 
     app = Tenure()
 
-    @app.agent("summarize", requires={"text"}, timeout=600, max_attempts=3)
+    @app.agent("summarize", requires={"text"}, timeout=600, max_attempts=3, budget={"tokens": 200_000})
     async def summarize(ctx: Context, input: dict) -> dict: ...
 
 A plain `def` handler is run through the blocking-call adapter, never on the event loop.
@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import inspect
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from tenure.contracts.audit import check_budget
 from tenure.contracts.errors import ConfigError
 from tenure.contracts.types import MULTITASK, AgentSpec
 
@@ -66,6 +67,7 @@ class Tenure:
         max_queued: int | None = None,
         degrade_to: str | None = None,
         modes: Iterable[str] = (),
+        budget: Mapping[str, float] | None = None,
     ) -> Callable[[Handler], Handler]:
         """Register the decorated function as an agent.
 
@@ -80,7 +82,9 @@ class Tenure:
         by default (enqueue, reject, interrupt, drop_queued). `max_queued`: the most jobs of this agent waiting
         to start, counted in the store; when full, jobs go to `degrade_to` (another agent) or are refused (429).
         `modes`: the modes a job may ask for, best first; the handler reads `ctx.mode`.
-        See docs/scheduling.md.
+        See docs/scheduling.md. `budget`: the default limits of its jobs, the keys of a job's `budget=` on submit
+        (`tool_calls`, `tokens`, `cost`, `wall_s`); a job's own budget overrides them limit by limit
+        (docs/budgets.md).
         """
 
         mode_names = tuple(modes)
@@ -103,6 +107,7 @@ class Tenure:
                 raise ConfigError(f"agent {agent_name!r}: modes must be distinct names")
             if max_queued is not None and max_queued < 0:
                 raise ConfigError(f"agent {agent_name!r}: max_queued must be at least 0")
+            default_budget = () if budget is None else check_budget(budget, f"agent {agent_name!r}")
             spec = AgentSpec(
                 name=agent_name,
                 max_attempts=max_attempts,
@@ -116,6 +121,7 @@ class Tenure:
                 max_queued=max_queued,
                 degrade_to=degrade_to,
                 modes=mode_names,
+                budget=default_budget,
             )
             self._agents[agent_name] = Agent(spec, fn, inspect.iscoroutinefunction(fn))
             return fn

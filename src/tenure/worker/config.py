@@ -4,11 +4,25 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from tenure.contracts.audit import Price
 from tenure.contracts.errors import ConfigError
+from tenure.contracts.json_settings import finite_number, parse_json_object
 
 CLAIM_MODES = ("one_step", "two_step")
+
+
+def parse_tenant_retention(text: str, name: str = "TENURE_TENANT_RETENTION_DAYS") -> dict[str, float]:
+    """`{"acme": 7, "audit-heavy": 365}`: each tenant's retention in days (a positive number), over
+    TENURE_RETENTION_DAYS for that tenant (docs/retention.md)."""
+    return parse_json_object(text, name, '{"acme": 7, "audit-heavy": 365}', _days)
+
+
+def _days(value: Any) -> float:
+    if not finite_number(value) or value <= 0:
+        raise ValueError("needs a positive number of days")
+    return float(value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +65,8 @@ class WorkerConfig:
     # batch of `retention_batch` per sweep (docs/retention.md).
     retention_days: float = 30.0
     retention_batch: int = 100
+    # Per-tenant retention (TENURE_TENANT_RETENTION_DAYS): days by tenant, over `retention_days` for those tenants.
+    tenant_retention_days: Mapping[str, float] = field(default_factory=dict)
     # Results and evidence by reference (docs/artifacts.md): JSON text over `artifact_threshold_bytes` goes to the
     # artifact store and the job row holds its reference; a result over `max_result_bytes` fails the job.
     artifact_threshold_bytes: int = 256 * 1024
@@ -70,6 +86,10 @@ class WorkerConfig:
             )
         if self.claim_mode not in CLAIM_MODES:
             raise ConfigError(f"claim_mode must be one of {', '.join(CLAIM_MODES)}, not {self.claim_mode!r}")
+
+    def retention_s(self) -> tuple[float, dict[str, float]]:
+        """The retention in seconds: every tenant's default, and the tenants with their own."""
+        return self.retention_days * 86400.0, {t: d * 86400.0 for t, d in self.tenant_retention_days.items()}
 
     @property
     def worker_ttl_s(self) -> float:

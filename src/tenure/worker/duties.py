@@ -3,10 +3,10 @@
 sweeper  only while holding the `duty:sweeper` lease (model: River's `internal/maintenance/job_rescuer`):
          release expired pre-start claims, mark lost (or requeue retry-safe) running jobs whose owner
          stopped heartbeating, expire queued jobs past their deadline, move due retries to the queue, mark
-         silent workers gone; delete one batch of jobs finished over TENURE_RETENTION_DAYS ago with their
-         history (docs/retention.md); hint what became claimable to the ready index; and, as the one process that
-         does it, export the registry, the live job counts and the store's health (`tenure_workers`,
-         `tenure_jobs`, `tenure_store_*`: docs/operations.md).
+         silent workers gone; delete one batch of jobs finished over TENURE_RETENTION_DAYS ago (or their
+         tenant's TENURE_TENANT_RETENTION_DAYS) with their history (docs/retention.md); hint what became
+         claimable to the ready index; and, as the one process that does it, export the registry, the live job
+         counts and the store's health (`tenure_workers`, `tenure_jobs`, `tenure_store_*`: docs/operations.md).
 """
 
 from __future__ import annotations
@@ -66,9 +66,11 @@ class SweeperDuty:
     async def sweep_once(self) -> None:
         report = await self._store.sweep(self._config.worker_ttl_s)
         # Retention (docs/retention.md): one bounded batch per sweep; a pass with nothing old writes nothing.
-        purged = await self._store.purge_finished(self._config.retention_days * 86400.0, self._config.retention_batch)
+        # Tenants of TENURE_TENANT_RETENTION_DAYS keep theirs; the batch bounds all tenants' deletions together.
+        default_s, by_tenant = self._config.retention_s()
+        purged = await self._store.purge_finished(default_s, self._config.retention_batch, by_tenant)
         if purged:
-            log.info("retention: deleted %d jobs finished over %g days ago", len(purged), self._config.retention_days)
+            log.info("retention: deleted %d jobs finished longer ago than their tenant's retention", len(purged))
             if self._artifacts is not None:
                 # The jobs' rows are gone (committed): their artifacts go with them (docs/artifacts.md). A failure
                 # here leaves files no row names; they are not retried (the job ids are gone with the rows).

@@ -8,7 +8,7 @@ travel together (`append_audit`: one round trip, one commit).
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from tenure.backends import _rows
@@ -117,9 +117,13 @@ class AuditWrites:
             row = await conn.fetchrow(Q["read_budget"], job_id)
         return None if row is None else budget_use(row["budget"], row)
 
-    async def purge_finished(self, older_than_s: float, limit: int) -> list[str]:
+    async def purge_finished(
+        self, older_than_s: float, limit: int, by_tenant: Mapping[str, float] | None = None
+    ) -> list[str]:
+        own = sorted((by_tenant or {}).items())
+        args = (older_than_s, limit, _TERMINAL, [t for t, _ in own], [float(s) for _, s in own])
         async with self._db.pooled("purge_finished") as conn:
-            rows = await conn.fetch(Q["purge_finished"], older_than_s, limit, _TERMINAL)
+            rows = await conn.fetch(Q["purge_finished"], *args)
         return [r["id"] for r in rows]
 
     async def usage_report(self, from_s: float, to_s: float, group_by: str, tenant: str | None) -> list[dict[str, Any]]:

@@ -131,16 +131,35 @@ WITH rec AS (
 UPDATE jobs SET input = $2::json FROM rec WHERE jobs.id = rec.job_id
 
 -- name: purge_finished --
--- Retention: up to $2 jobs finished more than $1 seconds ago (finished_at is set only in a terminal state, and
--- cleared by a requeue), oldest first through the jobs_finished index, deleted with their whole history (events,
--- executions, audit, journal, budget, commands) in one statement. Rows another transaction holds are skipped
--- (the next pass takes them), and a locked row's state is checked again before it goes.
-WITH gone AS (
+-- Retention: up to $2 jobs finished longer ago than their tenant's retention, oldest first, deleted with their
+-- whole history (events, executions, audit, journal, budget, commands) in one statement. $4 / $5: the tenants
+-- with a retention of their own and its seconds (TENURE_TENANT_RETENTION_DAYS); every other tenant's is $1.
+-- finished_at is set only in a terminal state ($3) and cleared by a requeue. The candidates are one bounded index
+-- scan for the tenants on the default (jobs_finished, skipping those with their own) and one per tenant with its
+-- own (jobs_tenant_finished), so a 7-day tenant's pass never reads the other tenants' jobs between 7 and 30
+-- days old. Rows another transaction holds are skipped (the next pass takes them), and a locked row is checked
+-- again, against its own tenant's cutoff, before it goes.
+WITH own AS (
+    SELECT * FROM unnest($4::text[], $5::float8[]) AS own(tenant, secs)
+), pick AS (
+    (SELECT id, finished_at FROM jobs
+      WHERE finished_at IS NOT NULL AND finished_at < now() - make_interval(secs => $1)
+        AND state = ANY($3::text[]) AND tenant <> ALL($4::text[])
+      ORDER BY finished_at LIMIT $2)
+    UNION ALL
+    SELECT p.id, p.finished_at FROM own CROSS JOIN LATERAL (
+        SELECT id, finished_at FROM jobs
+         WHERE tenant = own.tenant AND finished_at IS NOT NULL AND finished_at < now() - make_interval(secs => own.secs)
+           AND state = ANY($3::text[])
+         ORDER BY finished_at LIMIT $2) AS p
+), gone AS (
     DELETE FROM jobs
-     WHERE id IN (SELECT id FROM jobs
-                   WHERE finished_at IS NOT NULL AND finished_at < now() - make_interval(secs => $1)
-                     AND state = ANY($3::text[])
-                   ORDER BY finished_at LIMIT $2 FOR UPDATE SKIP LOCKED)
+     WHERE id IN (SELECT j.id FROM jobs AS j
+                   WHERE j.id IN (SELECT id FROM pick ORDER BY finished_at LIMIT $2)
+                     AND j.finished_at IS NOT NULL AND j.state = ANY($3::text[])
+                     AND j.finished_at < now() - make_interval(
+                         secs => coalesce((SELECT own.secs FROM own WHERE own.tenant = j.tenant), $1))
+                   FOR UPDATE SKIP LOCKED)
     RETURNING id
 ), e AS (
     DELETE FROM events WHERE job_id IN (SELECT id FROM gone)

@@ -186,26 +186,24 @@ SELECT id::text, attempts, extract(epoch FROM execution_started_at)::float8 AS s
   FROM s
 
 -- name: claim_start_function --
--- Created once on each claim connection: `pg_temp.tenure_claim_start`, the claim CAS and then the start CAS.
--- A session-local function (pg_temp) needs no migration and goes away with its connection. Its two statements
--- are claim_jobs and the jobs UPDATE of start_executions, conditions unchanged: the claim takes up to p_limit
--- unowned, unstarted queued jobs with epoch + 1 and the token; the start then matches each of them only by
--- owner, epoch, token and an unstarted claim, exactly as a start sent in its own round trip would. It sets
--- synchronous_commit on for its transaction: the claim commits with the start, durably. Keep the conditions
--- in step with claim_jobs and start_executions (tests/unit/test_misc.py compares them).
+-- Created once on each claim connection: `pg_temp.tenure_claim_start`, the claim CAS and the start CAS as one
+-- UPDATE. A session-local function (pg_temp) needs no migration and goes away with its connection. Its WHERE is
+-- claim_jobs' (up to p_limit unowned, unstarted queued jobs, locked SKIP LOCKED); its SET is claim_jobs' (owner,
+-- epoch + 1, the token, the claim's expiry) and start_executions' (running, the execution, attempts + 1). The
+-- start's own conditions (owner, epoch and token of an unstarted claim) hold by construction for a row this
+-- same statement claims, so one row version is written per job instead of two, and no second statement has to
+-- find the claimed rows again (a planner without statistics found them through a bitmap of every queued job).
+-- It sets synchronous_commit on for its transaction: the claim commits with the start, durably. Keep the
+-- conditions in step with claim_jobs and the SET with both (tests/unit/test_misc.py compares them).
 CREATE OR REPLACE FUNCTION pg_temp.tenure_claim_start(
     p_worker text, p_agents text[], p_caps text[], p_limit int4, p_ttl float8, p_token int8, p_executions uuid[]
 ) RETURNS TABLE (o_id uuid, o_epoch int4, o_execution_id uuid, o_attempts int4, o_started_at timestamptz,
                  o_agent text, o_input text, o_max_attempts int4, o_timeout_s float8, o_retry_safe bool,
                  o_tenant text, o_created_at float8, o_claimed_at float8, o_mode text)
 LANGUAGE plpgsql AS $fn$
-DECLARE
-    c_ids uuid[];
-    c_epochs int4[];
-    c_ctids tid[];
 BEGIN
     PERFORM set_config('synchronous_commit', 'on', true);
-    -- The claim CAS (claim_jobs).
+    RETURN QUERY
     WITH candidates AS (
         SELECT id, ctid FROM jobs
          WHERE state = 'queued' AND owner IS NULL AND NOT key_wait
@@ -214,45 +212,22 @@ BEGIN
          ORDER BY priority DESC, fair_at, id
          LIMIT p_limit
            FOR UPDATE SKIP LOCKED
-    ), claimed AS (
-        UPDATE jobs AS j
-           SET owner = p_worker, claimed_at = now(), claim_expires_at = now() + make_interval(secs => p_ttl),
-               epoch = j.epoch + 1, token = p_token, updated_at = now()
-          FROM candidates AS c
-         WHERE j.ctid = c.ctid AND j.id = c.id
-           AND j.state = 'queued' AND j.owner IS NULL AND NOT j.key_wait AND j.claimed_at IS NULL
-           AND j.execution_id IS NULL AND j.execution_started_at IS NULL
-        RETURNING j.id, j.epoch, j.ctid
+    ), numbered AS (
+        -- One execution id each, in job id order (a window may not sit under FOR UPDATE, so numbered apart).
+        SELECT c.id, c.ctid, row_number() OVER (ORDER BY c.id) AS n FROM candidates AS c
     )
-    SELECT array_agg(claimed.id ORDER BY claimed.id), array_agg(claimed.epoch ORDER BY claimed.id),
-           array_agg(claimed.ctid ORDER BY claimed.id)
-      INTO c_ids, c_epochs, c_ctids
-      FROM claimed;
-    IF c_ids IS NULL THEN
-        RETURN;
-    END IF;
-    -- The start CAS (start_executions), in job id order, one execution id each. Each claimed row is found by
-    -- the tuple id its claim just wrote (a Tid Scan, whatever the statistics say; the conditions below still
-    -- check every column). Joined by id alone, a planner without statistics (autovacuum off, or a burst
-    -- before it ran) took a bitmap scan of every queued job per start: O(backlog) per claim.
-    RETURN QUERY
-    WITH x AS (
-        SELECT u.job_id, u.epoch, p_token AS token, u.execution_id, u.row_ctid
-          FROM unnest(c_ids, c_epochs, p_executions[1:cardinality(c_ids)], c_ctids)
-               AS u(job_id, epoch, execution_id, row_ctid)
-    ), s AS (
-        UPDATE jobs AS j
-           SET state = 'running', execution_id = x.execution_id, execution_started_at = now(),
-               attempts = j.attempts + 1, updated_at = now()
-          FROM x
-         WHERE j.ctid = x.row_ctid
-           AND j.id = x.job_id AND j.state = 'queued' AND j.owner = p_worker AND j.claimed_at IS NOT NULL
-           AND j.epoch = x.epoch AND j.token = x.token AND j.execution_id IS NULL AND j.execution_started_at IS NULL
-        RETURNING j.id, j.epoch, j.execution_id, j.attempts, j.execution_started_at, j.agent, j.input::text,
-                  j.max_attempts, j.timeout_s, j.retry_safe, j.tenant, extract(epoch FROM j.created_at)::float8,
-                  extract(epoch FROM j.claimed_at)::float8, j.mode_effective
-    )
-    SELECT * FROM s;
+    UPDATE jobs AS j
+       SET owner = p_worker, claimed_at = now(), claim_expires_at = now() + make_interval(secs => p_ttl),
+           epoch = j.epoch + 1, token = p_token,
+           state = 'running', execution_id = p_executions[c.n], execution_started_at = now(),
+           attempts = j.attempts + 1, updated_at = now()
+      FROM numbered AS c
+     WHERE j.ctid = c.ctid AND j.id = c.id
+       AND j.state = 'queued' AND j.owner IS NULL AND NOT j.key_wait AND j.claimed_at IS NULL
+       AND j.execution_id IS NULL AND j.execution_started_at IS NULL
+    RETURNING j.id, j.epoch, j.execution_id, j.attempts, j.execution_started_at, j.agent, j.input::text,
+              j.max_attempts, j.timeout_s, j.retry_safe, j.tenant, extract(epoch FROM j.created_at)::float8,
+              extract(epoch FROM j.claimed_at)::float8, j.mode_effective;
 END
 $fn$
 

@@ -279,6 +279,8 @@ CREATE INDEX jobs_tenant_id ON jobs (tenant, id);
 CREATE INDEX jobs_state_id ON jobs (lower(state), id);
 CREATE INDEX jobs_tenant_state_id ON jobs (tenant, lower(state), id);
 CREATE INDEX jobs_finished ON jobs (finished_at) INCLUDE (state, tenant) WHERE finished_at IS NOT NULL;
+-- Retention of a tenant with its own (TENURE_TENANT_RETENTION_DAYS): its finished jobs, oldest first.
+CREATE INDEX jobs_tenant_finished ON jobs (tenant, finished_at) INCLUDE (state) WHERE finished_at IS NOT NULL;
 
 -- Scheduling (docs/scheduling.md): the live jobs of a concurrency key (what the key's lock holder reads), the
 -- jobs waiting for their key's turn (the sweeper's check for a turn never passed on), the per-agent admission cap.

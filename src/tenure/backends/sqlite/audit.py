@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from tenure.backends import _rows
@@ -106,16 +106,30 @@ class AuditWrites:
         row = await self._read(lambda db: db.execute(Q["read_budget"], (job_id,)).fetchone())
         return None if row is None else budget_use(row["budget"], row)
 
-    async def purge_finished(self, older_than_s: float, limit: int) -> list[str]:
-        args = (older_than_s, limit, _TERMINAL)
-        candidates = await self._read(lambda db: [r["id"] for r in db.execute(Q["old_finished_jobs"], args).fetchall()])
-        if not candidates:
+    async def purge_finished(
+        self, older_than_s: float, limit: int, by_tenant: Mapping[str, float] | None = None
+    ) -> list[str]:
+        own = sorted((by_tenant or {}).items())
+
+        def candidates(db: sqlite3.Connection) -> list[tuple[str, float]]:
+            # (job id, its tenant's cutoff in seconds): one bounded pass for the tenants on the default, one per
+            # tenant with its own, then the oldest `limit` of them all.
+            tenants = json.dumps([t for t, _ in own])
+            passes = [(Q["old_finished_jobs"], older_than_s, tenants)]
+            passes += [(Q["old_finished_jobs_of_tenant"], secs, tenant) for tenant, secs in own]
+            rows = [(r["finished_at"], r["id"], secs)
+                    for sql, secs, tenant in passes
+                    for r in db.execute(sql, (secs, limit, _TERMINAL, tenant))]  # fmt: skip
+            return [(job_id, secs) for _, job_id, secs in sorted(rows)[:limit]]
+
+        picked = await self._read(candidates)
+        if not picked:
             return []
 
         def fn(db: sqlite3.Connection) -> list[str]:
             gone = []
-            for job_id in candidates:
-                if db.execute(Q["purge_job"], (job_id, older_than_s, _TERMINAL)).fetchone() is not None:
+            for job_id, secs in picked:
+                if db.execute(Q["purge_job"], (job_id, secs, _TERMINAL)).fetchone() is not None:
                     for statement in _PURGE_HISTORY:
                         db.execute(statement, (job_id,))
                     gone.append(job_id)

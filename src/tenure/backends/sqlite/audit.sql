@@ -79,10 +79,20 @@ UPDATE jobs SET input = ?2 WHERE id = ?1
 
 -- name: old_finished_jobs --
 -- Retention: up to ?2 jobs finished more than ?1 seconds ago (finished_at is set only in a terminal state, and
--- cleared by a requeue), oldest first, through the jobs_finished index. Read-only: a pass that finds nothing
+-- cleared by a requeue), oldest first, through the jobs_finished index, of every tenant but those with a
+-- retention of their own (?4, a JSON array: TENURE_TENANT_RETENTION_DAYS). Read-only: a pass that finds nothing
 -- takes no write lock.
-SELECT id FROM jobs
+SELECT id, finished_at FROM jobs
  WHERE finished_at IS NOT NULL AND finished_at < {now} - ?1 AND state IN (SELECT value FROM json_each(?3))
+   AND tenant NOT IN (SELECT value FROM json_each(?4))
+ ORDER BY finished_at LIMIT ?2
+
+-- name: old_finished_jobs_of_tenant --
+-- Retention of one tenant with a retention of its own (?4): up to ?2 of its jobs finished more than ?1 seconds
+-- ago, oldest first, through jobs_tenant_finished (never stepping over the other tenants' jobs).
+SELECT id, finished_at FROM jobs
+ WHERE tenant = ?4 AND finished_at IS NOT NULL AND finished_at < {now} - ?1
+   AND state IN (SELECT value FROM json_each(?3))
  ORDER BY finished_at LIMIT ?2
 
 -- name: purge_job --

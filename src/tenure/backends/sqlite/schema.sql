@@ -116,6 +116,8 @@ CREATE INDEX jobs_tenant_id ON jobs (tenant, id);
 CREATE INDEX jobs_state_id ON jobs (lower(state), id);
 CREATE INDEX jobs_tenant_state_id ON jobs (tenant, lower(state), id);
 CREATE INDEX jobs_finished ON jobs (finished_at, state, tenant) WHERE finished_at IS NOT NULL;
+-- Retention of a tenant with its own (TENURE_TENANT_RETENTION_DAYS): its finished jobs, oldest first.
+CREATE INDEX jobs_tenant_finished ON jobs (tenant, finished_at, state) WHERE finished_at IS NOT NULL;
 
 -- Scheduling (docs/scheduling.md): the live jobs of a concurrency key, the jobs waiting for their key's turn, and
 -- the per-agent admission cap.

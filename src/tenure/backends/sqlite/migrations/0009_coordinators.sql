@@ -1,4 +1,4 @@
--- Coordinators (docs/coordinators.md), as PostgreSQL's 0011: a child job records the parent job and the parent
+-- Coordinators (docs/coordinators.md), as PostgreSQL's 0012: a child job records the parent job and the parent
 -- execution that spawned it; a parent's children are read by parent_job_id.
 ALTER TABLE jobs ADD COLUMN parent_job_id TEXT;
 ALTER TABLE jobs ADD COLUMN parent_execution_id TEXT;
