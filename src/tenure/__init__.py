@@ -18,6 +18,7 @@ import typing as _typing
 
 from tenure.contracts.errors import (
     BudgetExhausted,
+    ChildFailed,
     ConfigError,
     HandlerAborted,
     IdempotencyConflict,
@@ -39,6 +40,7 @@ from tenure.contracts.errors import (
 from tenure.contracts.states import JobState, WorkerState
 from tenure.contracts.types import Event, Job
 from tenure.kernel.audit import tool
+from tenure.kernel.children import ChildHandle
 from tenure.kernel.context import Context
 from tenure.kernel.registry import Tenure
 
@@ -80,6 +82,8 @@ __version__ = "0.1.0"
 __all__ = [
     "Admitted",
     "BudgetExhausted",
+    "ChildFailed",
+    "ChildHandle",
     "CircuitOpen",
     "ConfigError",
     "Context",

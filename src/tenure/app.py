@@ -133,7 +133,7 @@ class Runtime:
         faults.freeze = freeze
         return Worker(
             self.backends, self.app, self.settings.worker, faults=faults, quotas=await self.quotas(),
-            ready_index=self.ready_index, worker_id=worker_id,
+            ready_index=self.ready_index, worker_id=worker_id, admission=self.admission(),
         )  # fmt: skip
 
 

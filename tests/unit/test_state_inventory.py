@@ -44,6 +44,7 @@ ALLOWED: dict[str, str] = {
     "tenure.backends.postgres.signals.PostgresSignals._control_jobs": ROW,
     "tenure.worker.audit.ExecutionAudit._steps": ROW,
     "tenure.worker.audit.ExecutionAudit._used": ROW,
+    "tenure.worker.children.ExecutionChildren.spawned": ROW,
     "tenure.worker.completer.Completer._records": ROW,
     "tenure.backends.postgres.signals.PostgresSignals._notices": ROW,
     "tenure.backends.redis.ready_index.RedisReadyIndex._groups": ROW,
@@ -118,6 +119,7 @@ ALLOWED: dict[str, str] = {
     "tenure.demos.examples._http": SCOPED,  # the example app's own HTTP client (not the runtime's)
     "tenure.gateway.problems.Problem.headers": SCOPED,  # one response
     "tenure.gateway.streams.Subscription._pending": SCOPED,  # one client stream
+    "tenure.gateway.family.ChildEvents.cursors": SCOPED,  # one client stream (?include=children)
     "tenure.worker.execution.Execution.commands": SCOPED,  # one execution
     "tenure.worker.execution.Execution.usage": SCOPED,  # one execution, written with its finish
 }

@@ -80,6 +80,8 @@ def job(r: Row, tags: Names = array) -> Job:
         mode_requested=r["mode_requested"],
         mode_effective=r["mode_effective"],
         degraded_reason=r["degraded_reason"],
+        parent_job_id=r["parent_job_id"],
+        parent_execution_id=r["parent_execution_id"],
     )
 
 

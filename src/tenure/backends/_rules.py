@@ -29,11 +29,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tenure.contracts.errors import AgentQueueFull, MigrationError
+from tenure.contracts.errors import AgentQueueFull, MigrationError, OwnershipLost
 from tenure.contracts.profile import WorkerRecord
 from tenure.contracts.reports import StoreHealth, WaitingInfo
 from tenure.contracts.states import JobState
-from tenure.contracts.types import Finish
+from tenure.contracts.types import Finish, NewJob
 
 # -- leases ------------------------------------------------------------------------------------------------------------
 
@@ -244,6 +244,17 @@ def check_queue_cap(job_id: str, agent: str, cap: int | None, waiting: int) -> N
         raise AgentQueueFull(
             f"agent {agent!r} has {waiting} jobs waiting to start; its limit (max_queued) is {cap}", job_id, agent, waiting
         )
+
+
+# -- coordinators (docs/coordinators.md) ------------------------------------------------------------------------------
+
+
+def check_parent_owns(job: NewJob, owns: bool) -> None:
+    """A child (`ctx.spawn`) is admitted only while its parent's fence still owns a running or waiting job, in the
+    enqueue's own transaction (a stale epoch admits nothing): else `OwnershipLost`, and nothing is written."""
+    if job.parent_fence is not None and not owns:
+        f = job.parent_fence
+        raise OwnershipLost(f"job {f.job_id} is no longer owned by epoch {f.epoch}: it spawns no child")
 
 
 # -- why a job waits ---------------------------------------------------------------------------------------------------

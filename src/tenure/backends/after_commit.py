@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from tenure.contracts.audit import AuditRecord, BudgetUse, StepRecord, StoredRecord
+from tenure.contracts.children import ChildJob
 from tenure.contracts.profile import WorkerRecord
 from tenure.contracts.reports import AdmissionState, CircuitState, StoreHealth, WaitingInfo
 from tenure.contracts.states import WorkerState
@@ -268,6 +269,9 @@ class AfterCommit:
 
     async def control_state(self, job_ids: Sequence[str]) -> tuple[frozenset[str], dict[str, int]]:
         return await self.store.control_state(job_ids)
+
+    async def children(self, job_id: str) -> list[ChildJob]:
+        return await self.store.children(job_id)
 
     # -- the audit chain and the journal ----------------------------------------------------------------------------
     async def append_audit(self, records: Sequence[AuditRecord], events: Sequence[NewEvent]) -> set[str]:

@@ -52,6 +52,10 @@ def print_job(job: Job) -> None:
         print(f"key        {job.concurrency_key}" + ("  (waiting for its turn)" if job.key_wait else ""))
     if job.degraded_reason is not None:
         print(f"degraded   {job.mode_requested} → {job.mode_effective} ({job.degraded_reason})")
+    if job.parent_job_id is not None:
+        print(f"parent     {job.parent_job_id}  execution {job.parent_execution_id or '-'}")
+    for child in job.children or ():
+        print(f"child      {child.id}  {child.agent}  {child.state.value}")
     if job.error_code:
         print(f"error      {job.error_code}: {job.error_message}")
     if job.result is not None:

@@ -140,7 +140,7 @@ async def cmd_jobs(args: argparse.Namespace) -> int:
 
 async def cmd_job(args: argparse.Namespace) -> int:
     async def go(client: LocalClient) -> int:
-        job = await client.job(args.id)
+        job = await client.service.job_detail(args.id)
         executions = await client.store.list_executions(job.id)
         waiting = await client.service.waiting_reason(job)
         data = job.to_dict() | {

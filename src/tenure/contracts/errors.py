@@ -25,7 +25,8 @@
         ├── JobCancelled            the job was cancelled; the handler should stop
         ├── PermanentError          a handler failure that must not be retried (job → failed)
         │   ├── StepUnknown         a journaled step began in an earlier attempt and never recorded its end
-        │   └── BudgetExhausted     the job reached one of its budget's limits (tool calls, tokens, cost, wall)
+        │   ├── BudgetExhausted     the job reached one of its budget's limits (tool calls, tokens, cost, wall)
+        │   └── ChildFailed         a child a coordinator awaited ended other than `succeeded` (docs/coordinators.md)
         ├── RetryableError          a handler failure worth another attempt (job → scheduled or dead)
         └── HandlerAborted          a handler (or a call it offloaded) raised SystemExit, KeyboardInterrupt or
                                     GeneratorExit: its own failure (retried like any error), never the worker's end
@@ -256,6 +257,24 @@ class BudgetExhausted(PermanentError):
         self.limit = limit
         self.used = used
         self.allowed = allowed
+
+
+class ChildFailed(PermanentError):
+    """A child job a coordinator awaits (`await handle.result()`, `await ctx.gather(...)`) ended in another state
+    than `succeeded`. Permanent: a retried parent gets the same child back (spawning is idempotent per parent and
+    key), so another attempt would meet the same failure; catch it to decide. `.job_id`, `.state`,
+    `.error_code` and `.error_message` are the child's."""
+
+    code = "child_failed"
+
+    def __init__(self, job_id: str, agent: str, state: str, error_code: str | None, error_message: str | None) -> None:
+        why = f"{error_code}: {error_message}" if error_code else (error_message or "no error recorded")
+        super().__init__(f"child job {job_id} ({agent}) ended {state} ({why})")
+        self.job_id = job_id
+        self.agent = agent
+        self.state = state
+        self.error_code = error_code
+        self.error_message = error_message
 
 
 class RetryableError(ExecutionError):

@@ -27,6 +27,7 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from tenure.contracts.artifacts import ArtifactStore
 from tenure.contracts.audit import AuditRecord, BudgetUse, StepRecord, StoredRecord
+from tenure.contracts.children import ChildJob
 from tenure.contracts.leases import WAIT_SUFFIX, LeaseRef, Leases, line_key, new_ticket, ticket_holder
 from tenure.contracts.profile import WorkerRecord
 from tenure.contracts.reports import AdmissionState, CircuitState, StoreHealth, WaitingInfo
@@ -330,6 +331,11 @@ class JobStore(Protocol):
 
     async def control_state(self, job_ids: Sequence[str]) -> tuple[frozenset[str], dict[str, int]]:
         """For these jobs: the ones with a cancel request, and the last command sequence number of each."""
+        ...
+
+    async def children(self, job_id: str) -> list[ChildJob]:
+        """The jobs `ctx.spawn` admitted for coordinator `job_id` (their `parent_job_id`), oldest first: id, agent
+        and state (docs/coordinators.md)."""
         ...
 
     # -- the audit chain and the effect journal (docs/audit.md, docs/journal.md) -----------------------------------

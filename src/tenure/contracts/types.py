@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from tenure.contracts.children import ChildJob
 from tenure.contracts.errors import IdempotencyConflict
 from tenure.contracts.states import JobState, WorkerState
 
@@ -121,6 +122,10 @@ class NewJob:
     queue_cap_mode: str | None = None
     queue_cap: int | None = None
     budget_json: str | None = None  # the job's limits (docs/budgets.md), written beside the job
+    # Coordinators (docs/coordinators.md): the job and execution whose `ctx.spawn` admitted this one.
+    parent_job_id: str | None = None
+    parent_execution_id: str | None = None
+    parent_fence: Fence | None = None  # the spawning execution's fence: checked in the enqueue's transaction
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,12 +309,19 @@ class Job:
     mode_requested: str | None = None
     mode_effective: str | None = None
     degraded_reason: str | None = None
+    parent_job_id: str | None = None
+    """The coordinator job that spawned this one (`ctx.spawn`, docs/coordinators.md), else None."""
+    parent_execution_id: str | None = None
+    """The coordinator's execution that spawned it (the first one: a retried parent reuses its children)."""
+    children: tuple[ChildJob, ...] | None = None
+    """The jobs it spawned (id, agent, state), read for one job (`GET /v1/jobs/{id}`, `tenure job`); None in lists."""
 
     def to_dict(self) -> dict[str, Any]:
         """The job as the HTTP API answers it (JSON types: `state` its value, `requires` a list)."""
         out = dataclasses.asdict(self)
         out["state"] = self.state.value
         out["requires"] = list(self.requires)
+        out["children"] = None if self.children is None else [c.to_dict() for c in self.children]
         return out
 
     def __getitem__(self, key: str) -> Any:

@@ -35,7 +35,7 @@ from tenure.contracts.errors import (
 from tenure.contracts.ready import ReadyHint, ReadyIndex
 from tenure.contracts.store import Store
 from tenure.contracts.text import holds_nul
-from tenure.contracts.types import DEFAULT_TENANT, AgentSpec, Enqueued, Job, NewJob, check_replay, new_id
+from tenure.contracts.types import DEFAULT_TENANT, AgentSpec, Enqueued, Fence, Job, NewJob, check_replay, new_id
 from tenure.control.directory import AgentDirectory
 from tenure.control.gate import CircuitOpen, Gate, GateConfig, GateObserver, QueueFull
 from tenure.control.json_input import MAX_JSON_DEPTH, InvalidJSON, lone_surrogate, may_nest_deeper, nesting_exceeds
@@ -85,6 +85,10 @@ class JobRequest:
     budget: Mapping[str, float] | None = None
     allow_unregistered: bool = False
     """Admit this agent even if neither the app nor a live worker knows it (`tenure submit --allow-unregistered`)."""
+    parent: Fence | None = None
+    parent_execution_id: str | None = None
+    """Set by `ctx.spawn` (control/coordinators.py): the fence and execution of the coordinator that admits this
+    child; the store admits it only while that fence owns the coordinator's job."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,6 +203,9 @@ class Admission:
             degraded_reason=degraded,
             fair_step=1.0 / dict(self.limits.tenant_weights).get(req.tenant, 1.0),
             budget_json=None if budget is None else json.dumps(budget),
+            parent_job_id=None if req.parent is None else req.parent.job_id,
+            parent_execution_id=req.parent_execution_id,
+            parent_fence=req.parent,
         )
 
     def _mode(self, spec: AgentSpec, asked: str | None) -> tuple[str | None, str | None, str | None]:

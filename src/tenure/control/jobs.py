@@ -9,16 +9,19 @@ job is answered exactly like a missing one. Bodies of control commands are valid
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
+from tenure.contracts.children import ChildJob
 from tenure.contracts.errors import InvalidRequest, NotFound
 from tenure.contracts.states import JobState, WorkerState
 from tenure.contracts.store import Store
 from tenure.contracts.text import dumps
 from tenure.contracts.types import ControlOutcome, Event, Job, JobFilter, WorkerInfo, is_uuid
 from tenure.control.admission import Admission, Admitted, JobRequest
+from tenure.control.coordinators import cancel_children
 from tenure.control.models import ApprovalBody, InputBody, RequeueBody, shown, validated
 
 AHEAD_BOUND = 10_000
@@ -121,6 +124,15 @@ class JobsService:
             }
         return {"kind": "place_in_line", **line, "detail": in_line}
 
+    async def children(self, job: Job) -> list[ChildJob]:
+        """The children a coordinator job spawned (`ctx.spawn`, docs/coordinators.md), oldest first."""
+        return await self.store.children(job.id)
+
+    async def job_detail(self, job_id: str, tenant: str | None = None) -> Job:
+        """One job with its `children` (`GET /v1/jobs/{id}`, `tenure job ID`), or `NotFound`."""
+        job = await self.job(job_id, tenant)
+        return dataclasses.replace(job, children=tuple(await self.children(job)))
+
     async def jobs(self, flt: JobFilter) -> list[Job]:
         """Jobs matching `flt`, newest first."""
         return await self.store.list_jobs(flt)
@@ -157,6 +169,8 @@ class JobsService:
         if jid is None:
             return ControlOutcome.UNKNOWN
         outcome = await self.store.cancel(jid, tenant)
+        if outcome in (ControlOutcome.ACCEPTED, ControlOutcome.REQUESTED):
+            await cancel_children(self.store, jid)  # a coordinator's unfinished children (docs/coordinators.md)
         if wait_s and outcome is ControlOutcome.REQUESTED:
             outcome = await self._await_cancel(jid, tenant, wait_s)
         return outcome

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -46,6 +47,7 @@ from tenure.control.models import JobSpec, shown, validated
 from tenure.gateway.artifacts import artifact_response, result_response
 from tenure.gateway.auth import Auth, Principal
 from tenure.gateway.cors import AccessToken, access_token, cors_middleware
+from tenure.gateway.family import family_sse
 from tenure.gateway.openapi import MAX_EVENTS_PAGE, MAX_LIST, openapi_document
 from tenure.gateway.problems import Problem, from_error
 from tenure.gateway.requests import int_param, parse_cursor_param, parse_job_id, submit_request
@@ -274,6 +276,7 @@ class Gateway:
         """GET /v1/jobs/{id}: one job."""
         who = self._principal(request)
         job = await self.load_job(request.path_params["job_id"], who)
+        job = dataclasses.replace(job, children=tuple(await self.jobs.children(job)))  # docs/coordinators.md
         return JSONResponse(_job_view(job) | {"waiting_reason": await self.jobs.waiting_reason(job)})
 
     async def result(self, request: Request) -> Response:
@@ -355,6 +358,8 @@ class Gateway:
         q = request.query_params
         after_text = q.get("after")
         after = parse_cursor_param(after_text, "after") if after_text else None
+        if q.get("include") not in (None, "children") or (q.get("include") and q.get("format") == "json"):
+            raise Problem(400, "Bad parameter", "include is children, on the SSE stream only", "bad-parameter")
         if q.get("format") == "json":
             limit = int_param(request, "limit", 1000, 1, MAX_EVENTS_PAGE)
             events = await self.store.read_events(job.id, after, limit)
@@ -378,6 +383,9 @@ class Gateway:
         # between the two reads is seen here, and a requeue after them is found by the next request.
         if job.state.terminal and not await self.store.read_events(job.id, after, 1):
             return Response(status_code=204, headers={"Cache-Control": "no-cache"})
+        if q.get("include") == "children":  # a coordinator's stream with its children's (docs/coordinators.md)
+            return StreamingResponse(family_sse(self.hub, job.id, after), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})  # fmt: skip
         sub = self.hub.subscribe(job.id, after)
 
         async def stream() -> AsyncIterator[str]:

@@ -207,7 +207,9 @@ def openapi_document(agents: list[str]) -> dict[str, Any]:
                     "operationId": "jobEvents",
                     "description": "SSE (text/event-stream; resume with Last-Event-ID) or, with format=json, a page of "
                     "the history after a cursor. An SSE request for a finished job with no event after its cursor "
-                    "(a reconnect at or past the terminal event) is answered 204: stop reconnecting.",
+                    "(a reconnect at or past the terminal event) is answered 204: stop reconnecting. SSE with "
+                    "include=children: a coordinator's stream with its children's events as `child` frames "
+                    "(docs/coordinators.md).",
                     "parameters": [
                         _JOB_ID,
                         _query("format", {"type": "string", "enum": ["json"]}, required=True),

@@ -16,12 +16,13 @@ from typing import Any, Protocol, TypeVar
 
 from tenure.contracts.text import clean_text, dumps
 from tenure.kernel.audit import JournalPort, ToolCall, check_name
+from tenure.kernel.children import ChildHandle, ChildrenPort, gather
 
 T = TypeVar("T")
 
 
-class ExecutionPort(Protocol):
-    """What the worker provides to one execution's Context."""
+class ExecutionPort(ChildrenPort, Protocol):
+    """What the worker provides to one execution's Context (`spawn` and `wait_children`: see ChildrenPort)."""
 
     async def emit(self, type: str, payload_json: str) -> None:
         """Queue one event for the durable history (fenced); waits only when the buffer is full."""
@@ -75,7 +76,7 @@ class ExecutionPort(Protocol):
 
 class Context:
     """Handed to every handler: `await ctx.emit(...)`, `await ctx.to_thread(...)`, `ctx.usage(...)`,
-    `ctx.tool_call(...)`, `await ctx.evidence(...)`, `await ctx.step(...)`."""
+    `ctx.tool_call(...)`, `await ctx.evidence(...)`, `await ctx.step(...)`, `await ctx.spawn(...)`."""
 
     __slots__ = ("_port", "agent", "attempt", "epoch", "execution_id", "job_id", "log", "mode", "tenant", "worker_id")
 
@@ -213,3 +214,31 @@ class Context:
         lease backend is down, a fail-closed key raises `QuotaUnavailable`; a fail-open key runs unleased.
         """
         return self._port.quota(key, wait, timeout_s)
+
+    # -- coordinators (docs/coordinators.md) ----------------------------------------------------------------------
+    async def spawn(
+        self,
+        agent: str,
+        input: Any = None,
+        *,
+        key: str,
+        priority: int | None = None,
+        max_attempts: int | None = None,
+        deadline_s: float | None = None,
+    ) -> ChildHandle:
+        """Admit a child job of agent `agent` with `input`, through the same admission door as any job (queue
+        caps, known agents, budgets), in this job's tenant, and answer its handle at once (the child runs on any
+        worker). Idempotent per this job and `key`: a later attempt of this job that spawns `key` again gets the
+        same child (the same `key` with another input is `IdempotencyConflict`)."""
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"a spawn key is a non-empty string, not {key!r}")
+        options = {"priority": priority, "max_attempts": max_attempts, "deadline_s": deadline_s}
+        job_id, created = await self._port.spawn(agent, input, key, options)
+        return ChildHandle(job_id, agent, key, created, self._port)
+
+    async def gather(self, *handles: ChildHandle, return_exceptions: bool = False) -> list[Any]:
+        """Wait until every child is terminal and answer their results in order. The wait is one: the job is
+        `waiting` meanwhile and holds no worker slot and no quota lease (like `approval`). A child that ended
+        other than `succeeded` raises `ChildFailed` (the first one, in order) after all have ended; with
+        `return_exceptions=True` its `ChildFailed` takes its place in the list instead."""
+        return await gather(handles, return_exceptions)

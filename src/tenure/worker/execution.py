@@ -19,7 +19,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -32,12 +32,12 @@ from tenure.contracts.errors import (
     OwnershipLost,
     PermanentError,
     StoreUnavailable,
-    TenureError,
 )
 from tenure.contracts.states import JobState
 from tenure.contracts.store import Store
 from tenure.contracts.text import describe_error, dumps
-from tenure.contracts.types import Claim, Command, Finish, NewEvent, Started
+from tenure.contracts.types import Claim, Command, Finish, Job, NewEvent, Started
+from tenure.control.admission import Admission
 from tenure.control.quota_blocks import ExecutionQuotas
 from tenure.control.quotas import QuotaManager
 from tenure.control.retry import backoff_s
@@ -47,18 +47,20 @@ from tenure.kernel.registry import Agent
 from tenure.observability.logs import bind_log_context
 from tenure.worker.audit import ExecutionAudit
 from tenure.worker.byref import by_reference, probably_large
+from tenure.worker.children import ExecutionChildren
 from tenure.worker.completer import Completer
 from tenure.worker.config import WorkerConfig
 from tenure.worker.faults import Faults
 from tenure.worker.observe import WorkerObserver
+from tenure.worker.outcomes import HandlerTimeout, Outcome, outcome_of
 from tenure.worker.slots import Slots
 
 log = logging.getLogger("tenure.worker")
 T = TypeVar("T")
 
-# A waiting execution polls the store for its commands (persisted by the gateway before delivery).
-_COMMAND_POLL_MIN_S = 0.05
-_COMMAND_POLL_MAX_S = 1.0
+# A waiting execution polls the store for its commands (persisted by the gateway before delivery) or its children.
+_WAIT_POLL_MIN_S = 0.05
+_WAIT_POLL_MAX_S = 1.0
 
 
 @dataclass(slots=True)
@@ -79,54 +81,9 @@ class Env:
     """Handlers that ignored their cancellation and run on after their execution ended."""
     artifacts: ArtifactStore | None = None
     """Where results and evidence over the threshold go (docs/artifacts.md); None: inline, at most 1 MiB."""
-
-
-# -- what an end writes ----------------------------------------------------------------------------------------------
-class HandlerTimeout(Exception):
-    """The handler ran past its agent's timeout (and was stopped, or abandoned when it ignored that)."""
-
-    def __init__(self, timeout_s: float | None, stopped: bool, grace_s: float) -> None:
-        text = f"the handler ran longer than {timeout_s}s"
-        if not stopped:
-            text += f" and ignored its cancellation for {grace_s:g}s (abandoned)"
-        super().__init__(text)
-
-
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    """How an execution ends: `state` CANCELLED or FAILED as is, or SCHEDULED for "retry after a backoff while
-    attempts remain, else dead"."""
-
-    state: JobState
-    code: str
-    message: str
-
-
-# The table: what ended the handler → what its finish writes. First match wins; OwnershipLost writes nothing
-# (the job is someone else's now). `None` as the code means the error's own `code`.
-_OUTCOMES: tuple[tuple[type[Exception], JobState | None, str | None], ...] = (
-    (OwnershipLost, None, None),
-    (JobCancelled, JobState.CANCELLED, "cancelled"),
-    (HandlerTimeout, JobState.SCHEDULED, "timeout"),
-    (PermanentError, JobState.FAILED, None),
-    (TenureError, JobState.SCHEDULED, None),  # RetryableError, HandlerAborted, a lost quota lease, ...
-    (Exception, JobState.SCHEDULED, "error"),
-)
-
-
-def outcome_of(exc: Exception) -> Outcome | None:
-    """The outcome of a handler that raised `exc` (None: write nothing)."""
-    for kind, state, code in _OUTCOMES:
-        if isinstance(exc, kind):
-            if state is None:
-                return None
-            if state is JobState.CANCELLED:
-                return Outcome(state, "cancelled", "cancelled")
-            text = describe_error(exc)
-            if isinstance(exc, PermanentError | HandlerTimeout):
-                text = text.partition(": ")[2] or text  # its message says it all
-            return Outcome(state, code or str(getattr(exc, "code", "error")), text)
-    raise AssertionError("unreachable: Exception matches the last row")
+    admission: Admission | None = None
+    """The door children come in by (`ctx.spawn`); None (a worker built without one): one built on first use over
+    the store, with the default limits, knowing the child agents from the live registry."""
 
 
 async def _call_handler(agent: Agent, ctx: Context, payload: Any, adapter: BlockingAdapter) -> Any:
@@ -175,6 +132,7 @@ class Execution:
         self.commands: list[Command] = []  # read, not yet consumed (another kind than the one awaited)
         self.commands_ready = asyncio.Event()  # set by the control loop when a new command is persisted
         self.journal = ExecutionAudit(self, env.config.prices)  # ctx.tool_call / evidence / usage / step
+        self.children = ExecutionChildren(self)  # ctx.spawn / gather
         self.quotas: ExecutionQuotas | None = (
             ExecutionQuotas(env.quotas, self.execution_id) if env.quotas is not None else None
         )
@@ -264,6 +222,8 @@ class Execution:
             self.finishing = True
             await env.faults.hit("before_finish", {claim.agent})
             matched = await env.completer.finish(finish)
+            if matched and finish.state is JobState.CANCELLED:
+                await self.children.cancel_unfinished()  # spawned after the cancel's own cascade read them
             env.observer.finished(
                 claim, self.execution_id, finish.state, finish.error_code, time.monotonic() - began, matched
             )
@@ -457,28 +417,59 @@ class Execution:
         await self._read_commands()
         command = self._take_command(kind)
         if command is None:
-            await self._set_waiting(True, {"for": kind, "prompt": prompt})
-            await self.pause_quotas()  # waiting holds no quota lease either (seed 003: pause / resume)
-            self.env.slots.free()  # waiting holds no worker slot
-            try:
-                delay = _COMMAND_POLL_MIN_S
-                while command is None:
-                    # Woken by the control loop (NOTIFY / polling hint); the growing poll is the floor.
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self.commands_ready.wait(), delay)
-                    self.commands_ready.clear()
-                    self.check()
-                    try:
-                        await self._read_commands()
-                    except StoreUnavailable as exc:
-                        log.warning("reading commands of job %s failed: %s", self.fence.job_id, exc)
-                    command = self._take_command(kind)
-                    delay = min(delay * 1.5, _COMMAND_POLL_MAX_S)
-            finally:
-                self.env.slots.take()  # a slot back (briefly over the limit at worst: no new claims)
-            await self.resume_quotas()  # the leases are taken back before the handler continues
-            await self._set_waiting(False, {"command": kind, "seq": command.seq})
+            async with self.waiting({"for": kind, "prompt": prompt}) as resumed:
+                command = await self.poll(self._next_command(kind))
+                resumed.update(command=kind, seq=command.seq)
         return command.payload
+
+    def _next_command(self, kind: str) -> Callable[[], Awaitable[Command | None]]:
+        async def read() -> Command | None:
+            await self._read_commands()
+            return self._take_command(kind)
+
+        return read
+
+    @contextlib.asynccontextmanager
+    async def waiting(self, why: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        """The job is `waiting` (event payload `why`) for the block, holding no worker slot and no quota lease;
+        both are taken back before the block's end is written as `job.resumed` with the payload the block left
+        in the dict it was given. A block that raises leaves the job to its finish."""
+        await self._set_waiting(True, why)
+        await self.pause_quotas()  # waiting holds no quota lease either (seed 003: pause / resume)
+        self.env.slots.free()  # waiting holds no worker slot
+        resumed: dict[str, Any] = {}
+        try:
+            yield resumed
+        finally:
+            self.env.slots.take()  # a slot back (briefly over the limit at worst: no new claims)
+        await self.resume_quotas()  # the leases are taken back before the handler continues
+        await self._set_waiting(False, resumed)
+
+    async def poll(self, ready: Callable[[], Awaitable[T | None]]) -> T:
+        """`await ready()` until it answers something, woken by the control loop (NOTIFY / polling hint: a new
+        command or a cancel) or by a growing poll, the floor (`_WAIT_POLL_MIN_S` to `_WAIT_POLL_MAX_S`): a
+        waiting job costs one read per interval, never a busy loop. Raises once the execution must stop."""
+        delay = _WAIT_POLL_MIN_S
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.commands_ready.wait(), delay)
+            self.commands_ready.clear()
+            self.check()
+            try:
+                got = await ready()
+            except StoreUnavailable as exc:
+                log.warning("job %s: reading what it waits for failed: %s", self.fence.job_id, exc)
+                got = None
+            if got is not None:
+                return got
+            delay = min(delay * 1.5, _WAIT_POLL_MAX_S)
+
+    # -- coordinators (docs/coordinators.md, worker/children.py) --------------------------------------------------
+    async def spawn(self, agent: str, input: Any, key: str, options: dict[str, Any]) -> tuple[str, bool]:
+        return await self.children.spawn(agent, input, key, options)
+
+    async def wait_children(self, job_ids: Sequence[str]) -> list[Job]:
+        return await self.children.wait(job_ids)
 
     def quota(self, key: str, wait: bool, timeout_s: float | None) -> AbstractAsyncContextManager[object]:
         if self.quotas is None:

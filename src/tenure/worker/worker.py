@@ -34,6 +34,7 @@ from tenure.contracts.states import WorkerState
 from tenure.contracts.store import Backends, Leases
 from tenure.contracts.text import describe_error
 from tenure.contracts.types import Claim, Started, WorkerInfo, new_id
+from tenure.control.admission import Admission
 from tenure.control.quotas import QuotaManager
 from tenure.kernel.blocking import BlockingAdapter, ProcessAdapter
 from tenure.kernel.registry import Tenure
@@ -84,6 +85,7 @@ class Worker:
         worker_id: str | None = None,
         quotas: QuotaManager | None = None,
         ready_index: ReadyIndex | None = None,
+        admission: Admission | None = None,
     ) -> None:
         cfg = self.config = config or WorkerConfig()
         store = self.store = backends.jobs
@@ -143,6 +145,8 @@ class Worker:
             quotas=self.quotas,
             abandoned=self.abandoned,
             artifacts=backends.artifacts,
+            # Children (`ctx.spawn`) come in by the same door as every job: the caps, known agents and budgets hold.
+            admission=admission or Admission(store, app.specs(), ready_index=ready_index),
         )
         # The claim path: one step unless a worker quota must be taken per claim (or two steps are asked for).
         # A fault point on the two-step path is never a reason to take it.

@@ -64,10 +64,12 @@ def jobs(jobs: Sequence[NewJob], key_wait: bool = False) -> list[list[Any]]:
                 j.mode_effective,
                 j.degraded_reason,
                 j.fair_step,
+                j.parent_job_id,
+                j.parent_execution_id,
             )
             for j in jobs
         ),
-        19,
+        21,
     )
 
 

@@ -28,8 +28,9 @@ Q = load_queries("tenure.backends.postgres")
 
 
 def locked(j: NewJob) -> bool:
-    """Whether a job's enqueue takes locks: it has a concurrency key, or its agent a queue cap."""
-    return j.concurrency_key is not None or j.queue_cap is not None
+    """Whether a job's enqueue takes locks: it has a concurrency key, or its agent a queue cap, or it is a child
+    (its parent's row is locked FOR SHARE while the fence is checked, docs/coordinators.md)."""
+    return j.concurrency_key is not None or j.queue_cap is not None or j.parent_fence is not None
 
 
 async def _live(conn: asyncpg.Connection, tenant: str, key: str) -> list[_rules.KeyedJob]:
@@ -60,6 +61,8 @@ async def enqueue_keyed(conn: asyncpg.Connection, jobs: Sequence[NewJob]) -> tup
         for tenant, key in sorted({(j.tenant, j.concurrency_key) for j in jobs if j.concurrency_key is not None}):
             await conn.execute(Q["key_lock"], tenant, key)
         for j in jobs:
+            if (f := j.parent_fence) is not None:
+                _rules.check_parent_owns(j, await conn.fetchval(Q["parent_owns"], f.job_id, f.epoch, f.token) is not None)
             if j.idem_digest is not None:
                 found = await conn.fetchrow(Q["jobs_by_idem"], j.tenant, [j.idem_digest])
                 if found is not None:  # a replay answers its original job and changes nothing

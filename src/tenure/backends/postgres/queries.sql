@@ -11,10 +11,11 @@ WITH x AS (
     SELECT u.*, row_number() OVER (PARTITION BY u.tenant, u.priority ORDER BY u.ord) - 1 AS nth
       FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::int2[], $6::text[], $7::bytea[],
                   $8::bytea[], $9::float8[], $10::int4[], $11::float8[], $12::bool[], $13::text[], $14::int4[],
-                  $15::bool[], $16::text[], $17::text[], $18::text[], $19::float8[]) WITH ORDINALITY
+                  $15::bool[], $16::text[], $17::text[], $18::text[], $19::float8[], $20::uuid[], $21::uuid[])
+           WITH ORDINALITY
            AS u(id, tenant, agent, input, priority, requires, idem_digest, fingerprint, deadline_s,
                 max_attempts, timeout_s, retry_safe, ckey, key_limit, key_wait, mode_requested, mode_effective,
-                degraded_reason, fair_step, ord)
+                degraded_reason, fair_step, parent_job_id, parent_execution_id, ord)
 ), turn AS MATERIALIZED (
     -- Where each (tenant, priority) of the batch starts its turns (start-time fair queuing): one step after the
     -- tenant's last turn among the claimable jobs of that priority, but never before the head of the line (a
@@ -34,11 +35,12 @@ WITH x AS (
     -- fair_at: the batch's jobs of one tenant follow one another from its group's start (nth).
     INSERT INTO jobs (id, tenant, agent, input, priority, requires, idem_digest, request_fingerprint,
                       deadline, max_attempts, timeout_s, retry_safe, concurrency_key, key_limit, key_wait,
-                      mode_requested, mode_effective, degraded_reason, fair_at)
+                      mode_requested, mode_effective, degraded_reason, parent_job_id, parent_execution_id, fair_at)
     SELECT x.id, x.tenant, x.agent, x.input::json, x.priority, string_to_array(x.requires, ','),
            x.idem_digest, x.fingerprint, now() + make_interval(secs => x.deadline_s),
            x.max_attempts, x.timeout_s, x.retry_safe, x.ckey, x.key_limit, x.key_wait, x.mode_requested,
-           x.mode_effective, x.degraded_reason, turn.start + x.nth * turn.fair_step
+           x.mode_effective, x.degraded_reason, x.parent_job_id, x.parent_execution_id,
+           turn.start + x.nth * turn.fair_step
       FROM x JOIN turn ON turn.tenant = x.tenant AND turn.priority = x.priority
     ON CONFLICT (tenant, idem_digest) WHERE idem_digest IS NOT NULL DO NOTHING
     RETURNING id::text, tenant, agent, input::text, priority, requires, state, owner, epoch, execution_id::text,
@@ -52,7 +54,8 @@ WITH x AS (
               extract(epoch FROM deadline)::float8 AS deadline,
               extract(epoch FROM cancel_requested_at)::float8 AS cancel_requested_at,
               extract(epoch FROM finished_at)::float8 AS finished_at,
-              concurrency_key, key_wait, mode_requested, mode_effective, degraded_reason
+              concurrency_key, key_wait, mode_requested, mode_effective, degraded_reason,
+              parent_job_id::text, parent_execution_id::text
 ), wake AS (
     SELECT pg_notify('tenure_jobs', ''), set_config('synchronous_commit', 'off', true)
       FROM (SELECT 1 FROM ins LIMIT 1) AS one
@@ -84,6 +87,7 @@ SELECT id::text, tenant, agent, input::text, priority, requires, state, owner, e
        extract(epoch FROM cancel_requested_at)::float8 AS cancel_requested_at,
        extract(epoch FROM finished_at)::float8 AS finished_at,
        concurrency_key, key_wait, mode_requested, mode_effective, degraded_reason,
+       parent_job_id::text, parent_execution_id::text,
        idem_digest, request_fingerprint
   FROM jobs WHERE tenant = $1 AND idem_digest = ANY($2::bytea[])
 
@@ -104,7 +108,8 @@ SELECT id::text, tenant, agent, input::text, priority, requires, state, owner, e
        extract(epoch FROM deadline)::float8 AS deadline,
        extract(epoch FROM cancel_requested_at)::float8 AS cancel_requested_at,
        extract(epoch FROM finished_at)::float8 AS finished_at,
-       concurrency_key, key_wait, mode_requested, mode_effective, degraded_reason
+       concurrency_key, key_wait, mode_requested, mode_effective, degraded_reason,
+       parent_job_id::text, parent_execution_id::text
   FROM jobs WHERE id = $1::uuid AND ($2::text IS NULL OR tenant = $2)
 
 -- name: list_jobs --
@@ -120,7 +125,8 @@ SELECT id::text, tenant, agent, input::text, priority, requires, state, owner, e
        extract(epoch FROM deadline)::float8 AS deadline,
        extract(epoch FROM cancel_requested_at)::float8 AS cancel_requested_at,
        extract(epoch FROM finished_at)::float8 AS finished_at,
-       concurrency_key, key_wait, mode_requested, mode_effective, degraded_reason
+       concurrency_key, key_wait, mode_requested, mode_effective, degraded_reason,
+       parent_job_id::text, parent_execution_id::text
   FROM jobs
  WHERE ($1::text IS NULL OR tenant = $1) AND ($2::text IS NULL OR state = $2)
    AND ($3::text IS NULL OR agent = $3) AND ($4::uuid IS NULL OR id < $4::uuid)
@@ -814,3 +820,12 @@ SELECT c.relname AS name, coalesce(s.n_dead_tup, 0) AS dead, coalesce(s.n_live_t
   LEFT JOIN pg_stat_user_tables AS s ON s.relid = c.oid
  WHERE c.relkind = 'r' AND c.relname = ANY(ARRAY['jobs', 'events', 'executions', 'job_commands', 'leases', 'workers'])
  ORDER BY c.relname
+
+-- name: job_children --
+-- The children of a coordinator job (jobs_parent), oldest first: what gather, cancel's cascade and GET read.
+SELECT id::text, agent, state FROM jobs WHERE parent_job_id = $1::uuid ORDER BY id
+
+-- name: parent_owns --
+-- Does a spawning parent's fence still own its running or waiting job? FOR SHARE: no claim, sweep or finish
+-- changes its epoch or state before the child's insert commits in the same transaction.
+SELECT 1 FROM jobs WHERE id = $1::uuid AND epoch = $2 AND token = $3 AND state IN ('running', 'waiting') FOR SHARE

@@ -39,7 +39,10 @@ CREATE TABLE jobs (
     mode_requested       text,
     mode_effective       text,
     degraded_reason      text,
-    fair_at              double precision NOT NULL DEFAULT 0
+    fair_at              double precision NOT NULL DEFAULT 0,
+    -- Coordinators (docs/coordinators.md): the parent job and execution that spawned this job (ctx.spawn).
+    parent_job_id        uuid,
+    parent_execution_id  uuid
 );
 -- The idempotency answer lives on the job itself: one row per (tenant, key digest).
 CREATE UNIQUE INDEX jobs_idem ON jobs (tenant, idem_digest) WHERE idem_digest IS NOT NULL;
@@ -285,6 +288,8 @@ CREATE INDEX jobs_keyed ON jobs (tenant, concurrency_key, id)
     WHERE concurrency_key IS NOT NULL AND state IN ('queued', 'scheduled', 'running', 'waiting');
 CREATE INDEX jobs_key_waiting ON jobs (tenant, concurrency_key, id) WHERE key_wait AND state = 'queued';
 CREATE INDEX jobs_waiting_agent ON jobs (agent) WHERE state IN ('queued', 'scheduled');
+-- A parent's children (docs/coordinators.md): gather, cancel's cascade, GET /v1/jobs/{id}.
+CREATE INDEX jobs_parent ON jobs (parent_job_id, id) WHERE parent_job_id IS NOT NULL;
 
 -- The audit chain and the effect journal (docs/audit.md, docs/journal.md).
 -- One audit per job across its attempts: an execution's records sit under its epoch, in its own seq order.

@@ -21,6 +21,7 @@ import asyncpg
 from tenure.backends import _rows, _rules
 from tenure.backends._queries import load_migrations, load_queries
 from tenure.backends.postgres import _batches, _registry, keys
+from tenure.backends.postgres._children import ChildReads
 from tenure.backends.postgres._connections import StoreConnections
 from tenure.backends.postgres.audit import AuditWrites, edit_input, enqueue_with_budgets
 from tenure.contracts.errors import IllegalTransition, NotFound, StoreUnavailable
@@ -67,7 +68,7 @@ def _session_settings(notify: bool) -> dict[str, str]:
     return {} if notify else {"tenure.notify_events": "off"}
 
 
-class PostgresStore(keys.SchedulingReads, AuditWrites, _registry.RegistryOps):
+class PostgresStore(keys.SchedulingReads, AuditWrites, _registry.RegistryOps, ChildReads):
     """The Tenure job store on PostgreSQL. Create with `await PostgresStore.connect(url)`."""
 
     dialect = "postgres"

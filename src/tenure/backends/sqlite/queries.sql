@@ -7,8 +7,9 @@
 -- `get_job`), or nothing when the key existed.
 INSERT INTO jobs (id, tenant, agent, input, priority, requires, idem_digest, request_fingerprint, deadline,
                   max_attempts, timeout_s, retry_safe, created_at, updated_at, concurrency_key, key_limit, key_wait,
-                  mode_requested, mode_effective, degraded_reason, fair_at)
-VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, {now} + ?9, ?10, ?11, ?12, {now}, {now}, ?13, ?14, ?15, ?16, ?17, ?18,
+                  mode_requested, mode_effective, degraded_reason, parent_job_id, parent_execution_id, fair_at)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, {now} + ?9, ?10, ?11, ?12, {now}, {now}, ?13, ?14, ?15, ?16, ?17, ?18, ?20,
+        ?21,
         -- fair_at (start-time fair queuing across tenants): one step (?19) after the tenant's last turn at this
         -- priority, never before the head of the line.
         max(coalesce((SELECT max(t.fair_at) FROM jobs AS t
@@ -21,7 +22,8 @@ ON CONFLICT (tenant, idem_digest) WHERE idem_digest IS NOT NULL DO NOTHING
 RETURNING id, tenant, agent, input, priority, requires, state, owner, epoch, execution_id, attempts, max_attempts,
           timeout_s, retry_safe, result, error_code, error_message, created_at, updated_at, claimed_at,
           claim_expires_at, execution_started_at, next_attempt_at, deadline, cancel_requested_at, finished_at,
-          concurrency_key, key_wait, mode_requested, mode_effective, degraded_reason
+          concurrency_key, key_wait, mode_requested, mode_effective, degraded_reason, parent_job_id,
+          parent_execution_id
 
 -- name: jobs_by_idem --
 -- The existing job of a tenant with this idempotency digest, whole (the columns of `get_job`), with its digest
@@ -29,7 +31,8 @@ RETURNING id, tenant, agent, input, priority, requires, state, owner, epoch, exe
 SELECT id, tenant, agent, input, priority, requires, state, owner, epoch, execution_id, attempts, max_attempts,
        timeout_s, retry_safe, result, error_code, error_message, created_at, updated_at, claimed_at,
        claim_expires_at, execution_started_at, next_attempt_at, deadline, cancel_requested_at, finished_at,
-          concurrency_key, key_wait, mode_requested, mode_effective, degraded_reason,
+          concurrency_key, key_wait, mode_requested, mode_effective, degraded_reason, parent_job_id,
+          parent_execution_id,
        idem_digest, request_fingerprint
   FROM jobs WHERE tenant = ? AND idem_digest = ?
 
@@ -42,7 +45,8 @@ SELECT id, request_fingerprint FROM jobs WHERE tenant = ? AND idem_digest = ?
 SELECT id, tenant, agent, input, priority, requires, state, owner, epoch, execution_id, attempts, max_attempts,
        timeout_s, retry_safe, result, error_code, error_message, created_at, updated_at, claimed_at,
        claim_expires_at, execution_started_at, next_attempt_at, deadline, cancel_requested_at, finished_at,
-          concurrency_key, key_wait, mode_requested, mode_effective, degraded_reason
+          concurrency_key, key_wait, mode_requested, mode_effective, degraded_reason, parent_job_id,
+          parent_execution_id
   FROM jobs WHERE id = ?1 AND (?2 IS NULL OR tenant = ?2)
 
 -- name: list_jobs --
@@ -50,7 +54,8 @@ SELECT id, tenant, agent, input, priority, requires, state, owner, epoch, execut
 SELECT id, tenant, agent, input, priority, requires, state, owner, epoch, execution_id, attempts, max_attempts,
        timeout_s, retry_safe, result, error_code, error_message, created_at, updated_at, claimed_at,
        claim_expires_at, execution_started_at, next_attempt_at, deadline, cancel_requested_at, finished_at,
-          concurrency_key, key_wait, mode_requested, mode_effective, degraded_reason
+          concurrency_key, key_wait, mode_requested, mode_effective, degraded_reason, parent_job_id,
+          parent_execution_id
   FROM jobs
  WHERE (?1 IS NULL OR tenant = ?1) AND (?2 IS NULL OR state = ?2) AND (?3 IS NULL OR agent = ?3)
    AND (?4 IS NULL OR id < ?4)
@@ -438,3 +443,11 @@ SELECT count(*) AS n, count(CASE WHEN tenant <> ?5 AND priority = ?2 THEN 1 END)
      WHERE state = 'queued' AND owner IS NULL AND key_wait = 0
        AND (priority > ?2 OR (priority = ?2 AND (fair_at < ?4 OR (fair_at = ?4 AND id < ?1))))
      LIMIT ?3)
+
+-- name: job_children --
+-- The children of a coordinator job (jobs_parent), oldest first: what gather, cancel's cascade and GET read.
+SELECT id, agent, state FROM jobs WHERE parent_job_id = ?1 ORDER BY id
+
+-- name: parent_owns --
+-- Does a spawning parent's fence still own its running or waiting job? (Read in the enqueue's write transaction.)
+SELECT 1 FROM jobs WHERE id = ?1 AND epoch = ?2 AND token = ?3 AND state IN ('running', 'waiting')

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from tenure.backends import _rows, _rules
 from tenure.backends._queries import load_migrations
 from tenure.backends.sqlite import keys
+from tenure.backends.sqlite._children import ChildReads
 from tenure.backends.sqlite._connection import NOW, Q, SqliteConnection, split_sql
 from tenure.backends.sqlite._registry import RegistryOps
 from tenure.backends.sqlite._writes import claim_and_start_in, finish_in, start_in
@@ -52,7 +53,7 @@ _REQUEUEABLE = json.dumps(sorted(s.value for s in REQUEUEABLE))
 T = TypeVar("T")
 
 
-class SqliteStore(keys.SchedulingReads, AuditWrites, RegistryOps):
+class SqliteStore(keys.SchedulingReads, AuditWrites, RegistryOps, ChildReads):
     """The Tenure job store on one SQLite file. Create with `await SqliteStore.connect(url)`."""
 
     dialect = "sqlite"
@@ -137,6 +138,10 @@ class SqliteStore(keys.SchedulingReads, AuditWrites, RegistryOps):
         def fn(db: sqlite3.Connection) -> list[Enqueued]:
             out = []
             for j in jobs:
+                if (f := j.parent_fence) is not None:  # BEGIN IMMEDIATE: the check and the insert are one step
+                    _rules.check_parent_owns(
+                        j, db.execute(Q["parent_owns"], (f.job_id, f.epoch, f.token)).fetchone() is not None
+                    )
                 plan = None
                 if j.queue_cap is not None:  # the write lock makes the count and the insert one step
                     waiting = int(db.execute(Q["queued_of_agent"], (j.agent, j.queue_cap_mode)).fetchone()["n"])
@@ -166,6 +171,8 @@ class SqliteStore(keys.SchedulingReads, AuditWrites, RegistryOps):
                         j.mode_effective,
                         j.degraded_reason,
                         j.fair_step,
+                        j.parent_job_id,
+                        j.parent_execution_id,
                     ),
                 )
                 row = cur.fetchone()
