@@ -205,6 +205,7 @@ class OneStepClaimer:
     """The claim CAS and the start CAS in one round trip and one commit."""
 
     registers = False
+    carries_finishes = True  # through the completer's claim_and_start (finish_and_claim where the store can)
 
     def __init__(self, completer: Completer, config: WorkerConfig, agents: Sequence[str], slots: Slots,
                  observer: WorkerObserver) -> None:  # fmt: skip
@@ -229,6 +230,7 @@ class TwoStepClaimer:
     a worker never claims and then waits for a slot); each slot is held for the whole execution."""
 
     registers = True
+    carries_finishes = False
 
     def __init__(self, store: Store, app: Tenure, config: WorkerConfig, worker_id: str, slots: Slots, held: Held,
                  observer: WorkerObserver, faults: Faults, quotas: QuotaManager | None,
@@ -373,16 +375,39 @@ class ClaimLoop:
         self._stop = stop
         self._launch = launch
         self._after_round = after_round
+        self._idle = False  # the last claim found nothing
+        self._waiting_for_slot = False
+
+    def claims_soon(self) -> bool:
+        """Will the next step claim? It waits for a slot, one is free now, its last claim found work, and its
+        claimer carries finishes. The completer then leaves its pending finishes to that claim, which writes
+        them in its own commit (`finish_and_claim`) instead of a commit of their own: the slots those finishes
+        freed are what woke the claim, and it is a few loop steps behind the completer."""
+        return (
+            self._waiting_for_slot
+            and not self._idle
+            and self._claimer_carries
+            and self._slots.available > 0
+            and self._health.may_claim()
+        )
+
+    @property
+    def _claimer_carries(self) -> bool:
+        return bool(getattr(self._claimer, "carries_finishes", False))
 
     async def run(self) -> None:
         cfg, stop = self._config, self._stop
-        idle = False
         while not stop.is_set():
             self._health.check()
             free = self._slots.available
             if free <= 0 or not self._health.may_claim():
-                await wait_any(self._slots.freed(), stop, cfg.poll_s)
+                self._waiting_for_slot = free <= 0
+                try:
+                    await wait_any(self._slots.freed(), stop, cfg.poll_s)
+                finally:
+                    self._waiting_for_slot = False
                 continue
+            idle = self._idle
             deliveries = await self._candidates.next(free, idle)
             if stop.is_set():
                 return  # hints taken now stay pending and are handed over after the claim TTL
@@ -398,7 +423,7 @@ class ClaimLoop:
                 continue
             self._health.claim_worked()
             await self._candidates.done(deliveries, {c.fence.job_id for c, _ in pairs})
-            idle = not pairs
+            self._idle = not pairs
             if pairs:
                 self._start(pairs)
                 if any(s is not None for _, s in pairs):

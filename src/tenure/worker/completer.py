@@ -44,15 +44,18 @@ class Completer:
         linger_s: float = 0.0,
         full: int = 1,
         busy: Callable[[], bool] = lambda: True,
+        claim_soon: Callable[[], bool] = lambda: False,
     ) -> None:
         """`on_rejected(job_id)`: an append matched no row (the execution lost its job). `full`: this many
         pending finishes are worth a round trip without lingering. `busy()`: are other jobs still running,
-        whose finishes could join a lingering write?"""
+        whose finishes could join a lingering write? `claim_soon()`: is the claim loop about to claim (the
+        claim that carries pending finishes, where the store writes both in one commit)?"""
         self._store = store
         self._carry = store.claim_carries_finishes
         self._linger_s = linger_s
         self._full = full
         self._busy = busy
+        self._claim_soon = claim_soon
         self._worker_id = worker_id
         self._on_rejected = on_rejected
         self._events: list[NewEvent] = []
@@ -107,8 +110,14 @@ class Completer:
         _settle(taken, done)
         return pairs
 
+    def _take_blocked(self) -> bool:
+        """May a claim not carry the pending finishes now (events go first; a flush or a close waits on them)?"""
+        return bool(
+            self._events or self._records or self._events_in_flight or self._flushes or self._closing or not self._finishes
+        )
+
     def _take_finishes(self) -> _Pending:
-        if self._events or self._records or self._events_in_flight or self._flushes or self._closing or not self._finishes:
+        if self._take_blocked():
             return []
         taken, self._finishes = self._finishes, []
         return taken
@@ -121,6 +130,11 @@ class Completer:
                     return
                 self._wake.clear()
                 await self._wake.wait()
+                continue
+            if self._carry and self._linger_s > 0 and self._claim_soon() and not self._take_blocked():
+                # Only finishes are pending, and the claim loop, woken by the slots they freed, is a few loop
+                # steps from its claim: leave them to it (one commit for both); what it leaves is written next.
+                await asyncio.sleep(self._linger_s)
                 continue
             if (
                 self._linger_s > 0

@@ -124,6 +124,7 @@ class Worker:
             linger_s=cfg.write_linger_s,
             full=max(1, cfg.concurrency),
             busy=lambda: self.slots.busy > 0,
+            claim_soon=lambda: self._claim_loop.claims_soon(),
         )
         self._adapter = BlockingAdapter(
             "worker", cfg.blocking_max_in_flight, cfg.blocking_max_queued, cfg.blocking_queue_timeout_s
