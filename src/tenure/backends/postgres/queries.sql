@@ -113,7 +113,8 @@ SELECT id::text, tenant, agent, input::text, priority, requires, state, owner, e
   FROM jobs WHERE id = $1::uuid AND ($2::text IS NULL OR tenant = $2)
 
 -- name: list_jobs --
--- Jobs matching optional tenant / state / agent filters, newest first, before an id cursor.
+-- Jobs matching optional tenant / state / agent filters, newest first, before an id cursor (the state on
+-- lower(state), as the dashboard: jobs_state_id serves a list of one state, as `GET /v1/jobs?state=dead`).
 SELECT id::text, tenant, agent, input::text, priority, requires, state, owner, epoch, execution_id::text,
        attempts, max_attempts, timeout_s, retry_safe, result::text, error_code, error_message,
        extract(epoch FROM created_at)::float8 AS created_at,
@@ -128,7 +129,7 @@ SELECT id::text, tenant, agent, input::text, priority, requires, state, owner, e
        concurrency_key, key_wait, mode_requested, mode_effective, degraded_reason,
        parent_job_id::text, parent_execution_id::text
   FROM jobs
- WHERE ($1::text IS NULL OR tenant = $1) AND ($2::text IS NULL OR state = $2)
+ WHERE ($1::text IS NULL OR tenant = $1) AND ($2::text IS NULL OR lower(state) = $2)
    AND ($3::text IS NULL OR agent = $3) AND ($4::uuid IS NULL OR id < $4::uuid)
  ORDER BY id DESC LIMIT $5
 

@@ -50,14 +50,15 @@ SELECT id, tenant, agent, input, priority, requires, state, owner, epoch, execut
   FROM jobs WHERE id = ?1 AND (?2 IS NULL OR tenant = ?2)
 
 -- name: list_jobs --
--- Jobs matching optional tenant / state / agent filters, newest first, before an id cursor.
+-- Jobs matching optional tenant / state / agent filters, newest first, before an id cursor (the state on
+-- lower(state): jobs_state_id serves a list of one state).
 SELECT id, tenant, agent, input, priority, requires, state, owner, epoch, execution_id, attempts, max_attempts,
        timeout_s, retry_safe, result, error_code, error_message, created_at, updated_at, claimed_at,
        claim_expires_at, execution_started_at, next_attempt_at, deadline, cancel_requested_at, finished_at,
           concurrency_key, key_wait, mode_requested, mode_effective, degraded_reason, parent_job_id,
           parent_execution_id
   FROM jobs
- WHERE (?1 IS NULL OR tenant = ?1) AND (?2 IS NULL OR state = ?2) AND (?3 IS NULL OR agent = ?3)
+ WHERE (?1 IS NULL OR tenant = ?1) AND (?2 IS NULL OR lower(state) = ?2) AND (?3 IS NULL OR agent = ?3)
    AND (?4 IS NULL OR id < ?4)
  ORDER BY id DESC LIMIT ?5
 
