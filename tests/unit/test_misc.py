@@ -93,3 +93,35 @@ def test_claim_start_function_keeps_every_condition_of_the_claim_and_the_start()
     for k, v in normal.items():
         candidates = candidates.replace(k, v)
     assert " ".join(fn_candidates.split()) == " ".join(candidates.split())
+
+
+def test_sqlite_claim_and_start_keeps_every_condition_of_the_claim_and_the_start() -> None:
+    q = load_queries("tenure.backends.sqlite")
+    claim, start, both = q["claim_jobs"], q["start_execution"], q["claim_and_start"]
+
+    def norm(text: str) -> str:
+        return " ".join(text.split())
+
+    # The same candidates (the head of jobs_ready, every filter) and the same claim conditions on each row.
+    assert norm(both[both.index("WHERE state") : both.index("LIMIT ?4")]) == norm(
+        claim[claim.index("WHERE state") : claim.index("LIMIT ?4")]
+    )
+    outer = claim[claim.index("LIMIT ?4)") + len("LIMIT ?4)") : claim.index("RETURNING")]
+    assert norm(both[both.index("WHERE jobs.id = c.id") + len("WHERE jobs.id = c.id") : both.index("RETURNING")]) == norm(
+        outer
+    )
+    # The SET is the claim's and the start's, the execution id taken from the JSON array instead of ?5.
+    sets = {"claim": claim, "start": start, "both": both}
+    items = {
+        k: {
+            norm(x)
+            for x in re.split(
+                r",\s*(?![^()]*\))", v[v.index(" SET ") + 5 : v.index(" WHERE " if k != "both" else " FROM c")]
+            )
+        }
+        for k, v in sets.items()
+    }
+    items["start"] = {
+        x.replace("execution_id = ?5", "execution_id = json_extract(?7, '$[' || c.n || ']')") for x in items["start"]
+    }
+    assert items["both"] == items["claim"] | items["start"]

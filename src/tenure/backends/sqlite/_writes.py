@@ -59,13 +59,21 @@ def claim_and_start_in(
     limit: int,
     ttl_s: float,
 ) -> list[tuple[Claim, Started]]:
-    """The claim CAS and then the start CAS of each job it claimed, inside the caller's write transaction."""
+    """The claim CAS and the start CAS of each job it claims, as one UPDATE (`claim_and_start`), inside the
+    caller's write transaction; appends `execution.started` to each."""
+    if limit <= 0:
+        return []
     token = new_token()
-    args = (worker_id, json.dumps(list(agents)), json.dumps(list(capabilities)), limit, ttl_s, token)
-    claims = [_rows.claim(r, token) for r in db.execute(Q["claim_jobs"], args).fetchall()]
-    by_job = {c.fence.job_id: c for c in claims}
-    started = start_in(db, worker_id, [Start(c.fence, new_id()) for c in claims])
-    return [(by_job[s.fence.job_id], s) for s in started]
+    executions = json.dumps([new_id() for _ in range(limit)])
+    args = (worker_id, json.dumps(list(agents)), json.dumps(list(capabilities)), limit, ttl_s, token, executions)
+    out = []
+    for r in db.execute(Q["claim_and_start"], args).fetchall():
+        claim = _rows.claim(r, token, attempts=r["attempts"] - 1)  # the start added one attempt to the claim's
+        f = claim.fence
+        payload = json.dumps({"worker_id": worker_id, "attempt": r["attempts"]})
+        db.execute(Q["insert_event"], (f.job_id, f.epoch, 1, r["execution_id"], "execution.started", payload))
+        out.append((claim, _rows.started(r, f, r["execution_id"])))
+    return out
 
 
 def start_in(db: sqlite3.Connection, worker_id: str, starts: Sequence[Start]) -> list[Started]:

@@ -88,6 +88,35 @@ UPDATE jobs
    AND execution_started_at IS NULL
 RETURNING id, epoch, agent, input, attempts, max_attempts, timeout_s, retry_safe, tenant, created_at, claimed_at, mode_effective AS mode
 
+-- name: claim_and_start --
+-- The claim CAS and the start CAS as one UPDATE (as PostgreSQL's tenure_claim_start): claim_jobs' candidates and
+-- conditions, claim_jobs' and start_execution's SET; the start's own conditions (owner, epoch and token of an
+-- unstarted claim) hold by construction for a row this statement claims. One row version per job instead of
+-- two. ?7 is a JSON array of execution ids, one per candidate in the claim's order. Keep in step with claim_jobs
+-- and start_execution (tests/unit/test_misc.py compares them).
+WITH c AS (
+    SELECT id, row_number() OVER (ORDER BY priority DESC, fair_at, id) - 1 AS n FROM (
+        SELECT id, priority, fair_at FROM jobs INDEXED BY jobs_ready
+         WHERE state = 'queued' AND owner IS NULL AND key_wait = 0
+           AND agent IN (SELECT value FROM json_each(?2))
+           AND (requires = '' OR NOT EXISTS (
+                 SELECT 1 FROM json_each('["' || replace(requires, ',', '","') || '"]') AS r
+                  WHERE r.value NOT IN (SELECT value FROM json_each(?3))))
+           AND (deadline IS NULL OR deadline > {now})
+         ORDER BY priority DESC, fair_at, id
+         LIMIT ?4)
+)
+UPDATE jobs
+   SET owner = ?1, claimed_at = {now}, claim_expires_at = {now} + ?5, epoch = epoch + 1, token = ?6,
+       state = 'running', execution_id = json_extract(?7, '$[' || c.n || ']'), execution_started_at = {now},
+       attempts = attempts + 1, updated_at = {now}
+  FROM c
+ WHERE jobs.id = c.id
+   AND state = 'queued' AND owner IS NULL AND key_wait = 0 AND claimed_at IS NULL AND execution_id IS NULL
+   AND execution_started_at IS NULL
+RETURNING jobs.id AS id, epoch, agent, input, attempts, max_attempts, timeout_s, retry_safe, tenant, created_at,
+          claimed_at, mode_effective AS mode, execution_id, execution_started_at AS started_at
+
 -- name: start_execution --
 -- The start CAS: owner, epoch and token must match an unstarted claim.
 UPDATE jobs
