@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from tenure.contracts.errors import NotFound, TenureError
 from tenure.contracts.insights import JobQuery
 from tenure.contracts.states import JobState
 from tenure.contracts.store import line_key, ticket_holder
@@ -52,6 +53,23 @@ class OpsPages(PagesBase):
             )
 
         return await self._page(request, build)
+
+    async def drain_worker(self, request: Request) -> Response:
+        """POST /ui/api/workers/{id}/drain: the workers page's Drain button (an admin's session), the same request
+        as `POST /v1/workers/{id}/drain` and `tenure drain`, with the worker's own drain timeout."""
+        try:
+            who = self._check_change(request)
+        except PageError as exc:
+            return JSONResponse({"detail": exc.message}, exc.status)
+        if not who.is_admin:
+            return JSONResponse({"detail": "draining a worker needs the admin key"}, 403)
+        try:
+            drained = await self.gw.jobs.drain_worker(request.path_params["worker_id"])
+        except NotFound as exc:
+            return JSONResponse({"detail": str(exc)}, 404)
+        except TenureError as exc:
+            return JSONResponse({"detail": str(exc)}, 503)
+        return JSONResponse({"worker_id": drained.id, "state": drained.state.value}, 202)
 
     async def quotas(self, request: Request) -> Response:
         async def build(who: Principal) -> Response:

@@ -9,6 +9,7 @@
     GET  /ui/dead              dead letters            GET /ui/labs       the live labs (gateway/ui/labs.py)
     GET|POST /ui/login, POST /ui/logout                the session (sessions.py)
     POST /ui/api/requeue       {"job_ids": [...]}: requeue one or many (the store's `requeue`)
+    POST /ui/api/workers/{id}/drain  drain a worker (admins: the workers page's Drain button; ops.py)
     POST /ui/api/jobs/{id}/requeue  {"input": "<JSON text>"}: requeue one with an edited input (jobpage.py)
 
 Every page and fragment is scoped to the caller's tenant exactly as the API is: a tenant's session sees its own
@@ -71,6 +72,7 @@ class Dashboard(OpsPages, JobPages):
             Route("/ui/labs", self.labs, methods=["GET"]),
             Route("/ui/labs/{name}", self.lab, methods=["GET"]),
             Route("/ui/api/requeue", self.requeue, methods=["POST"]),
+            Route("/ui/api/workers/{worker_id}/drain", self.drain_worker, methods=["POST"]),
             Route("/ui/api/jobs/{job_id}/requeue", self.requeue_edited, methods=["POST"]),
             Route("/ui/api/labs/{name}", self.lab_start, methods=["POST"]),
             Route("/ui/api/labs/{name}/stop", self.lab_stop, methods=["POST"]),

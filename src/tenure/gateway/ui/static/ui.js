@@ -253,4 +253,24 @@ function deadPage() {
   });
 }
 
-document.addEventListener("DOMContentLoaded", () => { liveJobs(); refreshing(); jobPage(); deadPage(); });
+// -- the workers page: an admin's Drain button (delegated: the live part is re-rendered every 2 s) --
+function workersPage() {
+  const live = document.getElementById("live");
+  const outcome = document.getElementById("drain-outcome");
+  if (!live || !outcome) return;
+  live.addEventListener("click", async (ev) => {
+    const button = ev.target.closest('[data-action="drain"]');
+    if (!button) return;
+    const id = button.dataset.worker;
+    if (!confirm(`Drain ${id}? It claims nothing new, finishes what it holds, then exits.`)) return;
+    button.disabled = true;
+    try {
+      const r = await call("POST", `/ui/api/workers/${encodeURIComponent(id)}/drain`);
+      say(outcome, r.ok ? `✓ ${id}: ${r.data.state}` : `${id}: ${(r.data && r.data.detail) || r.status}`);
+    } catch (e) {
+      say(outcome, `${id}: the gateway did not answer; reload the page to see whether it drains.`);
+    } finally { button.disabled = false; }
+  });
+}
+
+document.addEventListener("DOMContentLoaded", () => { liveJobs(); refreshing(); jobPage(); deadPage(); workersPage(); });
