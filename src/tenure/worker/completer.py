@@ -56,6 +56,7 @@ class Completer:
         self._full = full
         self._busy = busy
         self._claim_soon = claim_soon
+        self._left = False  # the pending finishes were left to a claim once: the next pass writes them
         self._worker_id = worker_id
         self._on_rejected = on_rejected
         self._events: list[NewEvent] = []
@@ -126,16 +127,20 @@ class Completer:
         retry_delay = 0.05
         while True:
             if self.idle():
+                self._left = False  # the claim took what was left to it
                 if self._closing:
                     return
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            if self._carry and self._linger_s > 0 and self._claim_soon() and not self._take_blocked():
+            if not self._left and self._carry and self._linger_s > 0 and self._claim_soon() and not self._take_blocked():
                 # Only finishes are pending, and the claim loop, woken by the slots they freed, is a few loop
-                # steps from its claim: leave them to it (one commit for both); what it leaves is written next.
+                # steps from its claim: leave them to it (one commit for both), once; whatever it has not taken
+                # after one linger is written next, so a finish waits at most that long for a claim.
+                self._left = True
                 await asyncio.sleep(self._linger_s)
                 continue
+            self._left = False
             if (
                 self._linger_s > 0
                 and not (self._flushes or self._closing)
