@@ -191,9 +191,11 @@ async def rebuild_ready_index(index: ReadyIndex, store: Store, agents: Sequence[
 
 # -- claimers ------------------------------------------------------------------------------------------------------
 class Claimer(Protocol):
-    """Claims (and starts) up to `free` jobs. `registers`: its claims sit in `Held.claimed` until started."""
+    """Claims (and starts) up to `free` jobs. `registers`: its claims sit in `Held.claimed` until started.
+    `carries_finishes`: its claim goes through the completer, which may hand it the pending finishes."""
 
     registers: bool
+    carries_finishes: bool
 
     async def claim(self, free: int) -> list[Pair]:
         """Claim up to `free` jobs, taking a slot for each; return each claim with its start (None: the start
@@ -377,6 +379,7 @@ class ClaimLoop:
         self._after_round = after_round
         self._idle = False  # the last claim found nothing
         self._waiting_for_slot = False
+        self._claimer_carries = claimer.carries_finishes
 
     def claims_soon(self) -> bool:
         """Will the next step claim? It waits for a slot, one is free now, its last claim found work, and its
@@ -390,10 +393,6 @@ class ClaimLoop:
             and self._slots.available > 0
             and self._health.may_claim()
         )
-
-    @property
-    def _claimer_carries(self) -> bool:
-        return bool(getattr(self._claimer, "carries_finishes", False))
 
     async def run(self) -> None:
         cfg, stop = self._config, self._stop
