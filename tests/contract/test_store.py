@@ -168,6 +168,27 @@ async def test_claim_respects_limit_priority_agents_and_capabilities(store: Stor
     assert [c.fence.job_id for c in await store.claim(W1, ["echo"], [], 5, TTL)] == [low]
 
 
+@pytest.mark.parametrize("together", [False, True], ids=["claim", "claim_and_start"])
+async def test_a_category_wildcard_offers_its_subcategories_and_nothing_else(store: Store, together: bool) -> None:
+    # `text/*` offers text/summarize and text/translate; not image/ocr, not the flat tag `text`, and a flat tag
+    # only as written. Both claim statements apply the rule (docs/routing.md, contracts/profile.offers).
+    async def claim(caps: list[str]) -> list[str]:
+        if together:
+            return [c.fence.job_id for c, _ in await store.claim_and_start(W1, ["echo"], caps, 10, TTL)]
+        return [c.fence.job_id for c in await store.claim(W1, ["echo"], caps, 10, TTL)]
+
+    summarize = await submit(store, requires=["text/summarize"])
+    both = await submit(store, requires=["text/translate", "gpu"])
+    ocr = await submit(store, requires=["image/ocr"])
+    flat = await submit(store, requires=["text"])
+    assert await claim(["image/*x", "text/summarise", "gpu"]) == []
+    assert await claim(["text/*"]) == [summarize]
+    assert await claim(["text/*", "gpu"]) == [both]
+    assert await claim(["image/ocr", "text/*"]) == [ocr]
+    assert await claim(["text/*", "image/*"]) == []  # the flat tag `text` is not the category
+    assert await claim(["text"]) == [flat]
+
+
 async def test_claim_and_start_runs_each_claimable_job_once_in_one_step(store: Store) -> None:
     low = await submit(store, priority=0)
     high = await submit(store, priority=9)

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 from tenure.contracts.children import ChildJob
 from tenure.contracts.errors import InvalidRequest, NotFound
+from tenure.contracts.profile import offers
 from tenure.contracts.states import JobState, WorkerState
 from tenure.contracts.store import Store
 from tenure.contracts.text import dumps
@@ -92,7 +93,7 @@ class JobsService:
         workers = await self.store.list_workers()
         capable = [
             w for w in workers
-            if w.state is not WorkerState.GONE and job.agent in w.agents and set(job.requires) <= set(w.capabilities)
+            if w.state is not WorkerState.GONE and job.agent in w.agents and offers(w.capabilities, job.requires)
         ]  # fmt: skip
         if not capable:
             needs = f" with capabilities {', '.join(job.requires)}" if job.requires else ""

@@ -80,7 +80,9 @@ UPDATE jobs
            AND agent IN (SELECT value FROM json_each(?2))
            AND (requires = '' OR NOT EXISTS (
                  SELECT 1 FROM json_each('["' || replace(requires, ',', '","') || '"]') AS r
-                  WHERE r.value NOT IN (SELECT value FROM json_each(?3))))
+                  WHERE r.value NOT IN (SELECT value FROM json_each(?3))
+                    AND (instr(r.value, '/') = 0
+                         OR substr(r.value, 1, instr(r.value, '/')) || '*' NOT IN (SELECT value FROM json_each(?3)))))
            AND (deadline IS NULL OR deadline > {now})
          ORDER BY priority DESC, fair_at, id
          LIMIT ?4)
@@ -101,7 +103,9 @@ WITH c AS (
            AND agent IN (SELECT value FROM json_each(?2))
            AND (requires = '' OR NOT EXISTS (
                  SELECT 1 FROM json_each('["' || replace(requires, ',', '","') || '"]') AS r
-                  WHERE r.value NOT IN (SELECT value FROM json_each(?3))))
+                  WHERE r.value NOT IN (SELECT value FROM json_each(?3))
+                    AND (instr(r.value, '/') = 0
+                         OR substr(r.value, 1, instr(r.value, '/')) || '*' NOT IN (SELECT value FROM json_each(?3)))))
            AND (deadline IS NULL OR deadline > {now})
          ORDER BY priority DESC, fair_at, id
          LIMIT ?4)
