@@ -97,6 +97,7 @@ ALLOWED: dict[str, str] = {
     # -- constants: built at import (or construction) and never changed
     "tenure.backends.postgres.channel._SETTINGS": CONSTANT,
     "tenure.contracts.states.TRANSITIONS": CONSTANT,
+    "tenure.backends.sqlite._state_pages.STATE_PAGES": CONSTANT,
     "tenure.control.admission.Admission.agents": CONSTANT,
     "tenure.control.json_input._CONTAINERS": CONSTANT,
     "tenure.control.quotas.QuotaManager.specs": CONSTANT,
