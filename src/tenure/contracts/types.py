@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, Literal
 
 from tenure.contracts.children import ChildJob
 from tenure.contracts.errors import IdempotencyConflict
@@ -84,6 +84,11 @@ class AgentSpec:
     budget: tuple[tuple[str, float], ...] = ()
     """The default budget of its jobs, (limit, amount) pairs; a job's own budget overrides it limit by limit
     (`contracts.audit.job_budget`, docs/budgets.md)."""
+    # Timeouts a worker applies on its own (worker/timeouts.py, docs/routing.md): seconds; None, the defaults
+    # learned from the agent's recent durations on that worker (soft: p95; hard: 2 x p99 within the floor and the
+    # job's `timeout_s`); False, none (soft) or only the job's `timeout_s` (hard).
+    soft_timeout_s: float | Literal[False] | None = None
+    hard_timeout_s: float | Literal[False] | None = None
 
 
 MULTITASK = ("enqueue", "reject", "interrupt", "drop_queued")

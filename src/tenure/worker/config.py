@@ -75,6 +75,9 @@ class WorkerConfig:
     # claiming nothing new for the cool-down; then it is `active` again.
     unhealthy_after: int = 3
     unhealthy_cooldown_s: float = 60.0
+    # Timeouts (worker/timeouts.py): the least a hard timeout derived from an agent's p99 may be (it is never past
+    # the job's `timeout_s`). 60 s: a burst of quick runs must not make a merely slow one fail.
+    hard_timeout_floor_s: float = 60.0
 
     def __post_init__(self) -> None:
         # The one copy of the rule (settings.py builds this section): a heartbeat that is late once (a busy loop,
