@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from tenure.contracts.errors import ConfigError
@@ -9,7 +11,7 @@ from tenure.contracts.states import JobState
 from tenure.contracts.types import AgentSpec
 from tenure.kernel.registry import Tenure
 from tenure.worker.record import Record
-from tenure.worker.timeouts import MIN_SAMPLE, WINDOW, DurationWindow, Timeouts, timeouts_for
+from tenure.worker.timeouts import MIN_SAMPLE, WINDOW, DurationWindow, Timeouts, timeouts_for, wait_within
 
 
 def window_of(durations: list[float]) -> DurationWindow:
@@ -108,3 +110,23 @@ def test_the_decorator_takes_seconds_zero_none_or_false_and_keeps_hard_within_ti
     for bad in ({"soft_timeout": True}, {"soft_timeout": -1}, {"hard_timeout": "5"}, {"hard_timeout": 9, "timeout": 5}):
         with pytest.raises(ConfigError, match="timeout"):
             app.agent("c", **bad)(b)  # type: ignore[arg-type]
+
+
+async def test_a_paused_execution_is_not_reported_nor_stopped_before_the_jobs_timeout() -> None:
+    # An execution that was `waiting` (an approval, a coordinator's gather) waits on others, not on its work: a
+    # derived timeout must not end it, only the job's timeout_s (the ceiling) still does.
+    soft: list[float] = []
+
+    async def run(seconds: float, limits: Timeouts, paused: bool) -> float | None:
+        task = asyncio.create_task(asyncio.sleep(seconds))
+        try:
+            return await wait_within(task, limits, lambda elapsed, s: soft.append(s), lambda: paused)
+        finally:
+            task.cancel()
+
+    limits = Timeouts(0.02, 0.05, 5.0)
+    assert await run(0.3, limits, paused=False) == 0.05 and soft == [0.02]  # soft reported, then the hard one
+    soft.clear()
+    assert await run(0.3, limits, paused=True) is None and soft == []  # ran on to its end, under the ceiling
+    assert await run(5.0, Timeouts(None, 0.02, 0.1), paused=True) == 0.1  # the ceiling still holds
+    assert await run(5.0, Timeouts(None, 0.1, 0.1), paused=True) == 0.1  # timeout= itself is the hard one

@@ -122,6 +122,7 @@ class Execution:
         self._on_end = on_end
         self.seq = 1  # seq 1 is execution.started, written by the start CAS
         self.emitted = False  # the handler emitted an event (the first one is timed: tenure_first_event_seconds)
+        self.paused = False  # it was `waiting` once: its timeouts are the job's timeout_s alone (worker/timeouts.py)
         self.lost = False
         self.finishing = False
         self.closed = False  # the execution ended (or abandoned its handler): its port writes nothing more
@@ -227,8 +228,9 @@ class Execution:
             if matched and finish.state is JobState.CANCELLED:
                 await self.children.cancel_unfinished()  # spawned after the cancel's own cascade read them
             env.observer.finished(
-                claim, self.execution_id, finish.state, finish.error_code, time.monotonic() - began, matched
-            )
+                claim, self.execution_id, finish.state, finish.error_code, time.monotonic() - began, matched,
+                timed=not self.paused,
+            )  # fmt: skip
             if not matched and not self.lost:
                 log.warning("finish of job %s matched no row: ownership was lost", claim.fence.job_id)
         except asyncio.CancelledError:
@@ -318,14 +320,14 @@ class Execution:
         window = env.observer.record.durations.get(claim.agent)
         limits = timeouts_for(self.agent.spec, window, claim.timeout_s, env.config.hard_timeout_floor_s)
         try:
-            done = await wait_within(handler, limits, self._soft_timed_out)
+            passed = await wait_within(handler, limits, self._soft_timed_out, lambda: self.paused)
         except asyncio.CancelledError:
             await self._stop_handler(handler)
             raise
-        if not done:
+        if passed is not None:
             env.observer.timed_out()  # counted now, before its slot frees: health acts before the next claim
             stopped = await self._stop_handler(handler)
-            raise HandlerTimeout(limits.hard_s, stopped, env.config.cancel_grace_s)
+            raise HandlerTimeout(passed, stopped, env.config.cancel_grace_s)
         return handler.result()
 
     def _soft_timed_out(self, elapsed_s: float, threshold_s: float) -> None:
@@ -450,6 +452,7 @@ class Execution:
         both are taken back before the block's end is written as `job.resumed` with the payload the block left
         in the dict it was given. A block that raises leaves the job to its finish."""
         await self._set_waiting(True, why)
+        self.paused = True
         await self.pause_quotas()  # waiting holds no quota lease either (seed 003: pause / resume)
         self.env.slots.free()  # waiting holds no worker slot
         resumed: dict[str, Any] = {}

@@ -257,8 +257,11 @@ class WorkerObserver:
         error_code: str | None,
         duration_s: float,
         matched: bool,
+        *,
+        timed: bool = True,
     ) -> None:
-        """One line and the counters for an execution's end (`state` SCHEDULED means a retry)."""
+        """One line and the counters for an execution's end (`state` SCHEDULED means a retry). `timed` False:
+        it paused (waiting on a person or on children), so its duration judges no later run's timeouts."""
         job_id = claim.fence.job_id
         self._started_mono.pop(job_id, None)
         fields = {
@@ -274,7 +277,7 @@ class WorkerObserver:
         if not matched:
             log.warning("job finish not recorded: ownership was lost", extra=fields)
             return
-        self.record.finished(state, error_code, duration_s, claim.agent)
+        self.record.finished(state, error_code, duration_s, claim.agent if timed else None)
         if state is JobState.SCHEDULED:
             m.RETRIES.labels(claim.agent).inc()
             log.info("job failed, retry scheduled", extra=fields)

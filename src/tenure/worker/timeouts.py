@@ -12,6 +12,10 @@
            `MIN_SAMPLE` durations, or with `hard_timeout=False`, the hard timeout is the job's `timeout_s`.
            Past it the handler is cancelled and the attempt fails `timeout`, whatever set it.
 
+An execution that paused (`waiting`: an approval, input, or a coordinator's children) waits on a person or on
+other jobs, not on its own work: past its soft timeout it is not reported, past a derived (or `hard_timeout=`)
+hard timeout it runs on to the job's `timeout_s`, which still holds, and its duration joins no window.
+
 The durations are a `DurationWindow` per agent (the last `WINDOW` successful finishes whose CAS matched, start to
 finish, the same finishes that feed the record's EWMAs; worker/record.py). Only successes count: a timed-out or
 failed run must not raise the threshold that judges the next one.
@@ -24,7 +28,7 @@ import bisect
 import collections
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from tenure.contracts.types import AgentSpec
@@ -74,6 +78,8 @@ class Timeouts:
 
     soft_s: float | None
     hard_s: float | None
+    ceiling_s: float | None = field(default=None, compare=False)  # the input it was clamped to, not a result
+    """The job's `timeout_s`: what still holds for an execution that paused (`wait_within`'s `paused`)."""
 
 
 def timeouts_for(spec: AgentSpec, window: DurationWindow | None, job_timeout_s: float | None, floor_s: float) -> Timeouts:
@@ -99,19 +105,36 @@ def timeouts_for(spec: AgentSpec, window: DurationWindow | None, job_timeout_s: 
         soft = p95
     if soft is not None and hard is not None and soft >= hard:
         soft = None
-    return Timeouts(soft, hard)
+    return Timeouts(soft, hard, ceiling)
 
 
-async def wait_within(task: asyncio.Task[Any], limits: Timeouts, past_soft: Callable[[float, float], None]) -> bool:
+async def wait_within(
+    task: asyncio.Task[Any],
+    limits: Timeouts,
+    past_soft: Callable[[float, float], None],
+    paused: Callable[[], bool] = lambda: False,
+) -> float | None:
     """Wait for `task` until its hard timeout; past the soft one, call `past_soft(elapsed_s, soft_s)` once and wait
-    on. One wait to the soft timeout, then one for the rest of the hard one: no timer or task of their own. True:
-    the task ended; False: the hard timeout passed (the task still runs: stopping it is the caller's)."""
+    on. One wait to the soft timeout, then one for the rest of the hard one: no timer or task of their own. An
+    execution that `paused()` is neither reported past its soft timeout nor stopped before `ceiling_s`. None: the
+    task ended; else the timeout that passed, in seconds (the task still runs: stopping it is the caller's)."""
     loop = asyncio.get_running_loop()
     began = loop.time()
-    done, _ = await asyncio.wait({task}, timeout=limits.hard_s if limits.soft_s is None else limits.soft_s)
-    if done or limits.soft_s is None:
+
+    async def until(limit_s: float | None) -> bool:
+        left = None if limit_s is None else max(0.0, limit_s - (loop.time() - began))
+        done, _ = await asyncio.wait({task}, timeout=left)
         return bool(done)
-    past_soft(loop.time() - began, limits.soft_s)
-    left = None if limits.hard_s is None else max(0.0, limits.hard_s - (loop.time() - began))
-    done, _ = await asyncio.wait({task}, timeout=left)
-    return bool(done)
+
+    if limits.soft_s is not None:
+        if await until(limits.soft_s):
+            return None
+        if not paused():
+            past_soft(loop.time() - began, limits.soft_s)
+    if await until(limits.hard_s):
+        return None
+    if paused() and limits.hard_s != limits.ceiling_s:
+        if await until(limits.ceiling_s):
+            return None
+        return limits.ceiling_s
+    return limits.hard_s

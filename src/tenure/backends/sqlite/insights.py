@@ -32,8 +32,10 @@ from tenure.contracts.insights import (
 from tenure.contracts.states import JobState
 
 Q = load_queries("tenure.backends.sqlite", "insights.sql")
-_PAGES = [f"job_page{t}_state{e}" for t in ("", "_tenant") for e in ("", "_edge")]
-QS = per_state(Q, ["count_by_state", "count_by_state_tenant", *_PAGES])
+QS = per_state(
+    Q,
+    ["count_by_state", "count_by_state_tenant", *(f"job_page{t}_state{e}" for t in ("", "_tenant") for e in ("", "_edge"))],
+)
 MAX_ID = "g"  # sorts after every id (ids are lowercase hex and dashes): "before" of the first page
 T = TypeVar("T")
 
