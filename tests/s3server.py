@@ -1,10 +1,11 @@
 """An S3-compatible server for the artifact store's tests, started as a process of its own over real HTTP.
 
 It is moto's server (`moto[server]`, in the dev extra): an emulator of the S3 API, not S3 itself nor MinIO (no
-real S3-compatible server installs on this machine from PyPI, Debian or npm without a cluster: Debian's radosgw
-needs a Ceph cluster). What it shows is that the store speaks the S3 protocol correctly through boto3 over HTTP
-(signing, streaming bodies, checksums, paging, DeleteObjects); what only a real S3 would show (its consistency
-under load, its limits) it does not. A missing moto fails the tests that need it: never a skip.
+real S3-compatible server installs on this machine from PyPI, Debian or npm: MinIO, Garage and SeaweedFS are not
+packaged, Debian's radosgw wants a Ceph cluster, npm's s3rver is an emulator too). What it shows is that the
+store speaks the S3 protocol through boto3 over HTTP (signing, streamed bodies, paging, DeleteObjects); what only
+a real server would show (checksum verification, which moto skips; the 1,000-key limit; consistency under load)
+it does not. A missing moto fails the tests that need it: never a skip.
 """
 
 from __future__ import annotations

@@ -48,7 +48,7 @@ async def test_delete_owners_lists_each_owner_and_deletes_in_batches_of_at_most_
         kept = await store.put(JOB[:-1] + "9", b"kept")
         before = _delete_requests(s3_bucket.server, s3_bucket.name)
         assert await store.delete_owners(owners) == 1001
-        assert _delete_requests(s3_bucket.server, s3_bucket.name) - before == 2  # 1,000 keys, then 1 (the owners share batches)
+        assert _delete_requests(s3_bucket.server, s3_bucket.name) - before == 2  # 1,000 keys, then 1: owners share batches
         assert await asyncio.to_thread(s3_bucket.keys) == [f"{s3_bucket.prefix}/{kept.owner}/{kept.sha256}"]
     finally:
         await store.close()
