@@ -92,7 +92,9 @@ async def test_credentials_the_server_refuses_are_artifacts_unavailable_and_neve
         strict.stop()
 
 
-async def test_the_gateway_answers_503_when_the_artifact_store_does_not_answer(sqlite_database_url: str) -> None:
+async def test_the_gateway_answers_503_when_the_artifact_store_does_not_answer(
+    sqlite_database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
     url = f"s3://bucket/p?endpoint=http://127.0.0.1:{free_port()}&region={REGION}"
     settings = Settings.of(database_url=sqlite_database_url, artifacts_url=url)
     backends = await open_backends(settings)
@@ -103,6 +105,8 @@ async def test_the_gateway_answers_503_when_the_artifact_store_does_not_answer(s
             r = await http.get(f"/v1/artifacts/{job['id']}.{'0' * 64}")
             assert r.status_code == 503 and r.headers["content-type"] == "application/problem+json", r.text
             assert r.json()["title"] == "Artifact store unavailable" and r.headers["retry-after"] == "1"
-            assert "127.0.0.1" not in r.text  # where the bucket is stays in the gateway's log
+            assert "127.0.0.1" not in r.text  # where the bucket is goes to the gateway's log
+            logged = [rec.getMessage() for rec in caplog.records if rec.name == "tenure.gateway"]
+            assert any("the artifact store s3://bucket/p/ at http://127.0.0.1:" in m for m in logged), logged
     finally:
         await backends.close()

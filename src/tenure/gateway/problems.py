@@ -96,7 +96,7 @@ def from_error(exc: TenureError) -> Problem:
         p = Problem(503, "Circuit open", str(exc), "circuit-open")
         p.headers["Retry-After"] = str(exc.retry_after_s)
         return p
-    if isinstance(exc, ArtifactsUnavailable):  # the message names the bucket: kept in the log, not sent
+    if isinstance(exc, ArtifactsUnavailable):  # its message names the bucket: the gateway logs it, never sends it
         p = Problem(
             503, "Artifact store unavailable", "the artifact store did not answer; retry shortly", "artifacts-unavailable"
         )
