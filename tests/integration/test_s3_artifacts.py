@@ -16,10 +16,15 @@ import pytest
 from tenure.app import load_app, open_backends
 from tenure.backends.s3_artifacts import S3Artifacts, parse_s3_url
 from tenure.contracts.errors import ArtifactsUnavailable, StoreUnavailable
+from tenure.contracts.states import JobState
+from tenure.contracts.text import dumps
 from tenure.gateway.app import Gateway
 from tenure.gateway.auth import Auth
 from tenure.serve import gateway_config
 from tenure.settings import Settings
+from tenure.worker.byref import by_reference
+from tenure.worker.config import WorkerConfig
+from tenure.worker.outcomes import outcome_of
 from tests.s3server import CREDENTIALS, REGION, S3Bucket, S3Server, free_port
 
 JOB = "01a23185-e729-7186-bc11-810f7b871670"
@@ -68,6 +73,17 @@ async def test_an_unreachable_endpoint_or_a_missing_bucket_is_artifacts_unavaila
     finally:
         await dead.close()
         await missing.close()
+
+
+async def test_a_result_the_bucket_cannot_take_is_a_retryable_failure_of_its_execution() -> None:
+    dead = S3Artifacts(parse_s3_url(f"s3://bucket/p?endpoint=http://127.0.0.1:{free_port()}&region={REGION}"))
+    try:
+        with pytest.raises(ArtifactsUnavailable) as caught:
+            await by_reference(WorkerConfig(artifact_threshold_bytes=10), dead, JOB, dumps("x" * 100), False, "result")
+    finally:
+        await dead.close()
+    outcome = outcome_of(caught.value)  # what the execution's finish writes: another attempt, while any remain
+    assert outcome is not None and (outcome.state, outcome.code) == (JobState.SCHEDULED, "artifacts_unavailable")
 
 
 async def test_credentials_the_server_refuses_are_artifacts_unavailable_and_never_shown(
