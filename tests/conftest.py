@@ -20,6 +20,7 @@ from tenure.app import open_backends
 from tenure.contracts.store import Backends, JobStore
 from tenure.settings import Settings
 from tests.integration.redisproc import RedisProc
+from tests.s3server import CREDENTIALS, S3Bucket, S3Server, new_bucket
 
 PG_BASE = os.environ.get("TENURE_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 
@@ -149,6 +150,26 @@ def private_redis(tmp_path: Path) -> Iterator[RedisProc]:
         yield server
     finally:
         server.kill()
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    """One S3-compatible server (moto's, an emulator: tests/s3server.py) for the test session, on a free port,
+    killed at the end. Missing or broken, it fails the tests that need it."""
+    server = S3Server.start(tmp_path_factory.mktemp("s3"))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def s3_bucket(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> Iterator[S3Bucket]:
+    """A fresh bucket of this test's own, with the standard AWS credential variables set for the test process
+    (boto3's chain reads them, as in a deployment)."""
+    for name, value in CREDENTIALS.items():
+        monkeypatch.setenv(name, value)
+    yield from new_bucket(s3_server)
 
 
 @pytest.fixture(autouse=True)

@@ -171,7 +171,7 @@ async def open_backends(settings: Settings, *, migrate: bool = True) -> Backends
         raise
     if channel is not None:
         signals = ChannelSignals(channel, signals)
-    artifacts = open_artifacts(settings.store.artifacts_dir, url)  # docs/artifacts.md
+    artifacts = open_artifacts(settings.store.artifacts_dir, url, settings.store.artifacts_url)  # docs/artifacts.md
     backends = Backends(AfterCommit(store, signals), signals, leases, artifacts)
     if migrate:
         try:

@@ -10,6 +10,8 @@ Checks, each `ok`, `warn` or `fail` (any `fail` makes the command exit 1):
     workers     workers alive (heartbeat within 2 claim TTLs), by state (degraded or unhealthy = warn); none alive
                 while jobs wait = fail
     stuck jobs  jobs still owned past their claim expiry by more than a grace: the sweeper is not running
+    artifacts   the artifact store (TENURE_ARTIFACTS_DIR, its SQLite default, or the bucket of TENURE_ARTIFACTS_URL)
+                takes a probe artifact, gives it back whole and deletes it; none configured = ok (results inline)
     vacuum      PostgreSQL: the oldest transaction holding back vacuum (warn past 60 s, fail past 10 min), dead rows
                 of the jobs and events tables (warn past twice the live rows and 100,000), their sizes
 """
@@ -18,10 +20,12 @@ from __future__ import annotations
 
 import platform
 import time
+import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import tenure
+from tenure.contracts.artifacts import ArtifactStore
 from tenure.contracts.errors import TenureError
 from tenure.contracts.states import JobState, WorkerState
 from tenure.contracts.store import JobStore
@@ -83,6 +87,7 @@ async def diagnose(settings: Settings, *, max_skew_s: float = 1.0) -> Report:
         return report
     try:
         await _check_store(report, backends.jobs, settings, max_skew_s)
+        await _check_artifacts(report, backends.artifacts)
     finally:
         await backends.close()
     if settings.redis.url:
@@ -185,6 +190,34 @@ async def _check_stuck(report: Report, store: JobStore, settings: Settings, now:
         )
     else:
         report.add("stuck_jobs", "ok", f"none past their claim TTL ({STUCK_SCAN_LIMIT} newest per state)")
+
+
+async def _check_artifacts(report: Report, artifacts: ArtifactStore | None) -> None:
+    """Write, read back and delete a probe artifact under an owner of its own (`doctor-probe-<random>`, never a job
+    id): what a worker's write, a gateway's stream and the retention's delete each need of the store."""
+    if artifacts is None:
+        report.add("artifacts", "ok", "none configured: results stay inline (at most 1 MiB)")
+        return
+    owner, probe = f"doctor-probe-{uuid.uuid4().hex}", f'"tenure doctor probe {time.time()}"'.encode()
+    step = "write"
+    try:
+        ref = await artifacts.put(owner, probe)
+        step = "read back"
+        blob = await artifacts.open(owner, ref.sha256)
+        if blob is None:
+            raise OSError("the probe just written is not there")
+        try:
+            read = b"".join([chunk async for chunk in blob.chunks])
+        finally:
+            await blob.close()
+        if read != probe:
+            raise OSError(f"the probe came back as {len(read)} other bytes")
+        step = "delete"
+        await artifacts.delete_owners([owner])
+    except (TenureError, OSError) as exc:
+        report.add("artifacts", "fail", f"{artifacts.location}: cannot {step} a probe artifact: {exc}", step=step)
+        return
+    report.add("artifacts", "ok", f"{artifacts.location}: a probe artifact written, read back and deleted")
 
 
 async def _check_redis(report: Report, url: str, max_skew_s: float) -> None:

@@ -48,10 +48,17 @@ class StoreSettings:
     """Each PostgreSQL statement's bound at the client (None: unbounded); migrations are not bounded."""
     artifacts_dir: str | None = None
     """The artifact store's directory (docs/artifacts.md); unset: `<SQLite file>.artifacts`, none on PostgreSQL."""
+    artifacts_url: str | None = None
+    """An S3-compatible bucket for the artifacts instead (`s3://BUCKET/PREFIX?endpoint=...`; docs/artifacts.md)."""
 
     def __post_init__(self) -> None:
         if self.database_url.split(":", 1)[0] not in _SQL_SCHEMES:
             raise ConfigError(f"TENURE_DATABASE_URL {self.database_url!r}: expected sqlite:///path.db or postgresql://...")
+        if self.artifacts_url is not None:
+            if not self.artifacts_url.startswith("s3://"):
+                raise ConfigError("TENURE_ARTIFACTS_URL: expected s3://BUCKET/PREFIX?endpoint=...&region=...")
+            if self.artifacts_dir is not None:
+                raise ConfigError("set TENURE_ARTIFACTS_DIR or TENURE_ARTIFACTS_URL, not both")
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,6 +269,7 @@ _TABLE: dict[str, tuple[str, str, Callable[[str, str], Any]]] = {
     "sqlite_synchronous": ("store", "sqlite_synchronous", _choice("FULL", "NORMAL")),
     "pg_command_timeout_s": ("store", "pg_command_timeout_s", _seconds_or_off),
     "artifacts_dir": ("store", "artifacts_dir", _optional),
+    "artifacts_url": ("store", "artifacts_url", _optional),
     "heartbeat_s": ("worker", "heartbeat_s", _pos_float),
     "claim_ttl_s": ("worker", "claim_ttl_s", _pos_float),
     "sweep_interval_s": ("worker", "sweep_interval_s", _pos_float),

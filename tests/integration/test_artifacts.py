@@ -2,18 +2,23 @@
 worker` returns a 20 MiB result and a `tenure gateway` streams it. The job row keeps a stub of a few hundred
 bytes; the download equals the bytes (digest); the gateway's peak RSS does not grow by anything near the
 result's size while it streams (VmHWM, reset just before: /proc/<pid>/clear_refs); another tenant's key gets
-404 on both endpoints; and the retention deletes the artifact files with their job."""
+404 on both endpoints; and the retention deletes the artifact files with their job. Each on both artifact
+stores: the directory, and an S3-compatible bucket on a real server process (moto's emulator, tests/s3server.py)
+named by TENURE_ARTIFACTS_URL."""
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
 import sqlite3
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
 import asyncpg
 import httpx
+import pytest
 
 from tenure.client import Client
 from tenure.contracts.text import dumps
@@ -24,6 +29,7 @@ from tests.acceptance.up import free_port
 from tests.apps.artifacts_app import payload
 from tests.conftest import PG_BASE
 from tests.integration.procs import TenureProc, WorkerProc, eventually
+from tests.s3server import CREDENTIALS, S3Bucket
 
 APP = "tests.apps.artifacts_app:app"
 MiB = 1024 * 1024
@@ -42,6 +48,38 @@ def _reset_peak(pid: int) -> None:
     """Make VmHWM the current RSS (Linux ≥ 4.0): the peak measured afterwards is the download's."""
     Path(f"/proc/{pid}/clear_refs").write_text("5")
     assert _status_bytes(pid, "VmHWM") - _status_bytes(pid, "VmRSS") < MiB
+
+
+@dataclass
+class Artifacts:
+    """The artifact store of one run: the settings that name it, and what it holds, read its own way."""
+
+    env: dict[str, str] = field(default_factory=dict)
+    size: Callable[[str, str], int | None] = lambda owner, digest: None
+    owned: Callable[[str], bool] = lambda owner: False
+
+
+def _directory(root: Path, env: dict[str, str]) -> Artifacts:
+    def size(owner: str, digest: str) -> int | None:
+        path = root / owner / digest
+        return path.stat().st_size if path.exists() else None
+
+    return Artifacts(env, size, lambda owner: (root / owner).exists())
+
+
+@pytest.fixture(params=["directory", "s3"])
+def artifacts(request: pytest.FixtureRequest, database_url: str, tmp_path: Path) -> Artifacts:
+    if request.param == "s3":
+        bucket: S3Bucket = request.getfixturevalue("s3_bucket")
+        return Artifacts(
+            {"TENURE_ARTIFACTS_URL": bucket.url, **CREDENTIALS},
+            bucket.size,
+            lambda owner: any(k.startswith(f"{bucket.prefix}/{owner}/") for k in bucket.keys()),
+        )
+    if database_url.startswith("sqlite"):  # the default: beside the file
+        return _directory(Path(database_url.removeprefix("sqlite:///") + ".artifacts"), {})
+    shared = tmp_path / "shared-artifacts"  # PostgreSQL: a directory the workers and gateways share
+    return _directory(shared, {"TENURE_ARTIFACTS_DIR": str(shared)})
 
 
 async def _stored_result_length(database_url: str, job_id: str) -> int:
@@ -80,16 +118,13 @@ async def _finished(client: httpx.AsyncClient, job_id: str) -> dict[str, object]
     return job if job["state"] in ("succeeded", "failed", "dead", "lost", "cancelled", "expired") else None
 
 
-async def test_a_20_mib_result_travels_by_reference_and_is_collected_with_its_job(database_url: str, tmp_path: Path) -> None:
-    env = {"TENURE_APP": APP, "TENURE_API_KEYS": ",".join(f"{t}:{k}" for t, k in KEYS.items())}
+async def test_a_20_mib_result_travels_by_reference_and_is_collected_with_its_job(
+    database_url: str, tmp_path: Path, artifacts: Artifacts
+) -> None:
+    env = {"TENURE_APP": APP, "TENURE_API_KEYS": ",".join(f"{t}:{k}" for t, k in KEYS.items()), **artifacts.env}
     # Encoding 20 MiB of JSON holds the GIL for a few tenths of a second even in a thread: a claim TTL that
     # forgives it on a busy machine (this test is about where the bytes go, not about detecting a lost owner).
     env.update({"TENURE_HEARTBEAT_S": "1", "TENURE_CLAIM_TTL_S": "6"})
-    if database_url.startswith("sqlite"):
-        artifacts = Path(database_url.removeprefix("sqlite:///") + ".artifacts")  # the default: beside the file
-    else:
-        artifacts = tmp_path / "shared-artifacts"  # PostgreSQL: a directory the workers and gateways share
-        env["TENURE_ARTIFACTS_DIR"] = str(artifacts)
     port = free_port()
     gateway = TenureProc(database_url, tmp_path, "gateway", ["gateway", "--app", APP, "--port", str(port)], env=env)
     procs: list[TenureProc] = [gateway]
@@ -127,8 +162,8 @@ async def test_a_20_mib_result_travels_by_reference_and_is_collected_with_its_jo
             ref = f"{job_id}.{digest}"
             assert view.json()["result"] == {"$artifact": ref, "size": len(expected), "sha256": digest}
             assert await _stored_result_length(database_url, job_id) < 300
-            assert (artifacts / job_id / digest).stat().st_size == len(expected)
-            assert not (artifacts / small).exists()  # under the threshold: inline
+            assert await asyncio.to_thread(artifacts.size, job_id, digest) == len(expected)
+            assert not await asyncio.to_thread(artifacts.owned, small)  # under the threshold: inline
             assert (await a.get(f"/v1/jobs/{small}/result")).json() == {"data": payload(100)}
 
             # The gateway streams it: its peak RSS grows by far less than the result's 20 MiB.
@@ -155,7 +190,11 @@ async def test_a_20_mib_result_travels_by_reference_and_is_collected_with_its_jo
             # The Python clients: over HTTP, and on the store itself (the row, then the artifact store)
             async with Client(url, KEYS["tenant-a"]) as http:
                 assert await http.result(small) == {"data": payload(100)} and await http.result(evidence) == "ok"
-            settings = Settings.of(database_url=database_url, artifacts_dir=env.get("TENURE_ARTIFACTS_DIR"))
+            settings = Settings.of(
+                database_url=database_url,
+                artifacts_dir=env.get("TENURE_ARTIFACTS_DIR"),
+                artifacts_url=env.get("TENURE_ARTIFACTS_URL"),
+            )
             async with connect(APP, settings=settings) as local:
                 assert dumps(await local.result(job_id, "tenant-a")).encode() == expected
                 assert await local.result(small) == {"data": payload(100)}
@@ -177,7 +216,8 @@ async def test_a_20_mib_result_travels_by_reference_and_is_collected_with_its_jo
             procs.append(WorkerProc(database_url, tmp_path, "sweeper", app=APP, env=retention))
 
             async def collected() -> bool:
-                return not (artifacts / job_id).exists() and not (artifacts / evidence).exists()
+                gone = [not await asyncio.to_thread(artifacts.owned, jid) for jid in (job_id, evidence)]
+                return all(gone)
 
             await eventually(collected, 60, "the retention to delete the artifacts")
             assert (await a.get(f"/v1/jobs/{job_id}")).status_code == 404

@@ -1,6 +1,7 @@
 """Per-tenant retention (TENURE_TENANT_RETENTION_DAYS, docs/retention.md), on SQLite and PostgreSQL: one sweep of
-the sweeper duty deletes the jobs (with their events, audit records and artifacts) finished longer ago than
-their own tenant's retention, and nothing else; a job that is not terminal survives whatever its finished_at.
+the sweeper duty deletes the jobs (with their events, audit records and artifacts, in a directory or a bucket)
+finished longer ago than their own tenant's retention, and nothing else; a job that is not terminal survives
+whatever its finished_at.
 
 Ages are set by backdating finished_at in the test's database directly (what the store never does)."""
 
@@ -33,10 +34,15 @@ DAY = 86400.0
 OWN = {"acme": 7.0, "heavy": 365.0}  # every other tenant: TENURE_RETENTION_DAYS (30)
 
 
-@pytest.fixture
-async def backends(database_url: str, tmp_path: Path) -> AsyncIterator[Backends]:
-    """The backend under test with an artifact store (a directory, on PostgreSQL too)."""
-    b = await open_backends(Settings.of(database_url=database_url, artifacts_dir=str(tmp_path / "artifacts")))
+@pytest.fixture(params=["directory", "s3"])
+async def backends(request: pytest.FixtureRequest, database_url: str, tmp_path: Path) -> AsyncIterator[Backends]:
+    """The backend under test with an artifact store: a directory (on PostgreSQL too), or an S3-compatible bucket
+    on a real server process (moto's emulator, tests/s3server.py)."""
+    if request.param == "s3":
+        where = {"artifacts_url": request.getfixturevalue("s3_bucket").url}
+    else:
+        where = {"artifacts_dir": str(tmp_path / "artifacts")}
+    b = await open_backends(Settings.of(database_url=database_url, **where))
     try:
         yield b
     finally:

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
+import re
 from pathlib import Path
 
 import pytest
 
 from tenure.backends.artifacts import DirectoryArtifacts, open_artifacts
-from tenure.contracts.artifacts import CHUNK_BYTES, parse_ref, stub_ref
+from tenure.backends.s3_artifacts import S3Artifacts, S3Location, parse_s3_url
+from tenure.contracts.artifacts import parse_ref, stub_ref
 from tenure.contracts.errors import ConfigError, PermanentError
 from tenure.contracts.text import dumps
 from tenure.settings import Settings
@@ -28,25 +28,28 @@ async def _read(store: DirectoryArtifacts, owner: str, digest: str) -> tuple[byt
     return b"".join(chunks), [len(c) for c in chunks]
 
 
-async def test_a_put_is_atomic_content_addressed_per_owner_and_read_back_in_chunks(tmp_path: Path) -> None:
-    store = DirectoryArtifacts(tmp_path / "a")
-    data = os.urandom(3 * CHUNK_BYTES + 5)
-    ref = await store.put(JOB, data)
-    assert ref.sha256 == hashlib.sha256(data).hexdigest() and ref.size == len(data) and ref.owner == JOB
-    assert ref.ref == f"{JOB}.{ref.sha256}" and parse_ref(ref.ref) == (JOB, ref.sha256)
-    assert stub_ref(json.loads(dumps(ref.stub()))) == ref
-    assert os.listdir(tmp_path / "a" / JOB) == [ref.sha256]  # no temporary file left behind
-    body, sizes = await _read(store, JOB, ref.sha256)
-    assert body == data and max(sizes) <= CHUNK_BYTES and len(sizes) == 4
-    assert await store.put(JOB, data) == ref  # idempotent
-    # the same bytes for another job are that job's own copy: deleting one owner leaves the other whole
-    assert await store.put(OTHER, data) == type(ref)(OTHER, ref.sha256, ref.size)
-    assert await store.delete_owners([JOB, "01a23185-0000-7000-8000-000000000000"]) == 1
-    assert await store.open(JOB, ref.sha256) is None
-    assert (await _read(store, OTHER, ref.sha256))[0] == data
-    assert await store.open(OTHER, "0" * 64) is None and await store.open("../etc", ref.sha256) is None
-    with pytest.raises(ValueError, match="job id"):
-        await store.put("../escape", b"x")
+def test_an_s3_url_names_a_bucket_a_prefix_and_options_and_never_credentials() -> None:
+    assert parse_s3_url("s3://my-bucket") == S3Location("my-bucket", "")
+    assert parse_s3_url("s3://my-bucket/tenure/artifacts/?region=eu-west-1") == S3Location(
+        "my-bucket", "tenure/artifacts/", None, "eu-west-1"
+    )
+    where = parse_s3_url("s3://b.example/p?endpoint=https://s3.internal:9000&addressing=virtual")
+    assert (where.endpoint, where.addressing, where.prefix) == ("https://s3.internal:9000", "virtual", "p/")
+    bad = {
+        "http://my-bucket/p": "not a 'http' URL",
+        "s3://AKIDEXAMPLE:hunter2-secret@my-bucket/p": "credentials do not go in the URL",
+        "s3://My_Bucket/p": "not a bucket name",
+        "s3://my-bucket/a//b": "empty",
+        "s3://my-bucket/a/../b": "'..'",
+        "s3://my-bucket/p?endpont=http://h": "unknown option 'endpont'",
+        "s3://my-bucket/p?endpoint=ftp://h": "endpoint must be http",
+        "s3://my-bucket/p?endpoint=http://AKIDEXAMPLE:hunter2-secret@h": "without credentials",
+        "s3://my-bucket/p?addressing=dns": "addressing is",
+    }
+    for url, message in bad.items():
+        with pytest.raises(ConfigError, match=re.escape(message)) as caught:
+            parse_s3_url(url)
+        assert "hunter2" not in str(caught.value) and "AKIDEXAMPLE" not in str(caught.value)
 
 
 def test_references_and_stubs_are_parsed_strictly() -> None:
@@ -67,6 +70,15 @@ def test_the_default_directory_is_beside_the_sqlite_file_and_postgresql_needs_on
     assert shared is not None and shared.location == str(tmp_path / "shared")
     with pytest.raises(ConfigError, match="directory path"):
         open_artifacts("s3://bucket/x", "postgresql://h/db")
+    s3 = open_artifacts(None, "sqlite:///t.db", "s3://my-bucket/a/b/?endpoint=http://127.0.0.1:9000&region=eu-1")
+    assert isinstance(s3, S3Artifacts) and s3.location == "s3://my-bucket/a/b/ at http://127.0.0.1:9000"
+    with pytest.raises(ConfigError, match="not both"):
+        open_artifacts("/srv/a", "sqlite:///t.db", "s3://my-bucket/a")
+    with pytest.raises(ConfigError, match="not both"):
+        Settings.from_env({"TENURE_ARTIFACTS_DIR": "/srv/a", "TENURE_ARTIFACTS_URL": "s3://my-bucket/a"})
+    with pytest.raises(ConfigError, match="expected s3://"):
+        Settings.from_env({"TENURE_ARTIFACTS_URL": "/srv/a"})
+    assert Settings.from_env({"TENURE_ARTIFACTS_URL": "s3://b-1/p"}).store.artifacts_url == "s3://b-1/p"
     s = Settings.from_env(
         {"TENURE_ARTIFACTS_DIR": "/srv/a", "TENURE_ARTIFACT_THRESHOLD_BYTES": "1000", "TENURE_MAX_RESULT_BYTES": "5000"}
     )

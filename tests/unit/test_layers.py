@@ -39,11 +39,15 @@ def test_public_api_is_exactly_what_all_names() -> None:
 
 
 def test_importing_tenure_loads_no_database_or_redis_driver() -> None:
-    """An agent module imports `tenure` only: the client side (and with it the drivers) loads on first use."""
+    """An agent module imports `tenure` only: the client side (and with it the drivers) loads on first use; the
+    S3 client (the optional `tenure[s3]`) loads only when an S3 artifact store makes its first call."""
     import subprocess
     import sys
 
-    code = "import tenure, sys; assert not {'asyncpg', 'redis'} & set(sys.modules), sorted(sys.modules)"
+    code = "import tenure, sys; assert not {'asyncpg', 'redis', 'boto3', 'botocore'} & set(sys.modules), sorted(sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    code = "import tenure.app, tenure.backends.s3_artifacts, sys; assert not {'boto3', 'botocore'} & set(sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr[-2000:]
 

@@ -18,7 +18,7 @@ import uuid
 from collections.abc import AsyncIterator, Sequence
 from typing import BinaryIO
 
-from tenure.contracts.artifacts import CHUNK_BYTES, ArtifactRef, Blob, valid_owner
+from tenure.contracts.artifacts import CHUNK_BYTES, ArtifactRef, ArtifactStore, Blob, valid_owner
 from tenure.contracts.errors import ConfigError
 
 
@@ -127,12 +127,21 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def open_artifacts(directory: str | None, database_url: str) -> DirectoryArtifacts | None:
-    """The deployment's artifact store: `directory` (TENURE_ARTIFACTS_DIR) when set; else, for a SQLite file,
-    `<database file>.artifacts` beside it; else (PostgreSQL without a directory) none."""
+def open_artifacts(directory: str | None, database_url: str, url: str | None = None) -> ArtifactStore | None:
+    """The deployment's artifact store: the S3-compatible bucket of `url` (TENURE_ARTIFACTS_URL) when set; else
+    `directory` (TENURE_ARTIFACTS_DIR) when set; else, for a SQLite file, `<database file>.artifacts` beside it;
+    else (PostgreSQL without either) none. Setting both is a `ConfigError`."""
+    if url:
+        if directory:
+            raise ConfigError("set TENURE_ARTIFACTS_DIR or TENURE_ARTIFACTS_URL, not both")
+        from tenure.backends.s3_artifacts import S3Artifacts, parse_s3_url
+
+        return S3Artifacts(parse_s3_url(url))
     if directory:
         if "://" in directory:
-            raise ConfigError(f"TENURE_ARTIFACTS_DIR {directory!r}: a directory path (object-store URLs are not supported)")
+            raise ConfigError(
+                f"TENURE_ARTIFACTS_DIR {directory!r}: a directory path (an object-store URL goes in TENURE_ARTIFACTS_URL)"
+            )
         return DirectoryArtifacts(directory)
     if database_url.startswith("sqlite:///"):
         path = database_url[len("sqlite:///") :].partition("?")[0]

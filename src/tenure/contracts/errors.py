@@ -11,7 +11,8 @@
     ├── NotFound                    no such job (or not visible to this tenant)
     ├── IllegalTransition           a state change the job state machine does not allow
     ├── StoreUnavailable            the database could not be reached or failed (driver errors wrapped)
-    │   └── LeasesUnavailable       the lease backend (Redis, or a store's leases table) could not answer
+    │   ├── LeasesUnavailable       the lease backend (Redis, or a store's leases table) could not answer
+    │   └── ArtifactsUnavailable    the artifact store (an S3-compatible bucket) could not be reached or refused
     ├── QuotaExhausted              every slot of a named quota is held (wait=False, or the wait timed out)
     ├── QuotaUnavailable            the lease backend is down and the quota key is fail-closed
     ├── MigrationError              the schema is newer than this code, or a migration failed
@@ -128,6 +129,14 @@ class LeasesUnavailable(StoreUnavailable):
     """
 
     code = "leases_unavailable"
+
+
+class ArtifactsUnavailable(StoreUnavailable):
+    """The artifact store could not be reached, or refused the request (access denied, no such bucket); the
+    client library's exception is the cause. A subclass of `StoreUnavailable`: the gateway answers 503, a
+    worker's execution is retried, the retention logs it and goes on."""
+
+    code = "artifacts_unavailable"
 
 
 class QuotaExhausted(TenureError):

@@ -32,7 +32,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
-from tenure.contracts.errors import TenureError
+from tenure.contracts.errors import ArtifactsUnavailable, TenureError
 from tenure.contracts.ready import ReadyIndex
 from tenure.contracts.states import JobState
 from tenure.contracts.store import Backends
@@ -195,8 +195,10 @@ class Gateway:
         kind = {404: "not-found", 405: "method-not-allowed"}.get(exc.status_code, "http-error")
         return Problem(exc.status_code, str(exc.detail), f"{exc.detail}", kind).response()
 
-    async def _tenure_error(self, _request: Any, exc: Exception) -> Response:
+    async def _tenure_error(self, request: Any, exc: Exception) -> Response:
         assert isinstance(exc, TenureError)
+        if isinstance(exc, ArtifactsUnavailable):  # the client gets a 503 without the bucket's address: it goes here
+            log.warning("%s %s: %s", request.method, request.url.path, exc)
         return from_error(exc).response()
 
     async def _crash(self, _request: Any, exc: Exception) -> Response:

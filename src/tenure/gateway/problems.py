@@ -9,6 +9,7 @@ from typing import Any
 from starlette.responses import JSONResponse
 
 from tenure.contracts.errors import (
+    ArtifactsUnavailable,
     IdempotencyConflict,
     IllegalTransition,
     InputTooLarge,
@@ -94,6 +95,12 @@ def from_error(exc: TenureError) -> Problem:
     if isinstance(exc, CircuitOpen):
         p = Problem(503, "Circuit open", str(exc), "circuit-open")
         p.headers["Retry-After"] = str(exc.retry_after_s)
+        return p
+    if isinstance(exc, ArtifactsUnavailable):  # its message names the bucket: the gateway logs it, never sends it
+        p = Problem(
+            503, "Artifact store unavailable", "the artifact store did not answer; retry shortly", "artifacts-unavailable"
+        )
+        p.headers["Retry-After"] = "1"
         return p
     if isinstance(exc, StoreUnavailable):
         p = Problem(503, "Store unavailable", "the job store did not answer; retry shortly", "store-unavailable")

@@ -54,7 +54,7 @@ async def by_reference(
             return text  # (a stub-like result stays inline too: without a store nothing reads stubs)
         raise PermanentError(
             f"{what} is {size} bytes, over the artifact threshold, and this worker has no artifact store "
-            f"(set TENURE_ARTIFACTS_DIR; inline {what}s are limited to {INLINE_RESULT_BYTES} bytes)"
+            f"(set TENURE_ARTIFACTS_DIR or TENURE_ARTIFACTS_URL; inline {what}s are limited to {INLINE_RESULT_BYTES} bytes)"
         )
     ref = await store.put(job_id, await asyncio.to_thread(text.encode, "utf-8"))
     return dumps(ref.stub())

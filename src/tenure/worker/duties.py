@@ -76,7 +76,7 @@ class SweeperDuty:
                 # here leaves files no row names; they are not retried (the job ids are gone with the rows).
                 try:
                     files = await self._artifacts.delete_owners(purged)
-                except OSError as exc:
+                except (OSError, StoreUnavailable) as exc:  # a file system, or an object store (ArtifactsUnavailable)
                     log.warning("retention: deleting the artifacts of %d jobs failed: %s", len(purged), exc)
                 else:
                     if files:
