@@ -227,10 +227,8 @@ class Execution:
             matched = await env.completer.finish(finish)
             if matched and finish.state is JobState.CANCELLED:
                 await self.children.cancel_unfinished()  # spawned after the cancel's own cascade read them
-            env.observer.finished(
-                claim, self.execution_id, finish.state, finish.error_code, time.monotonic() - began, matched,
-                timed=not self.paused,
-            )  # fmt: skip
+            dt = time.monotonic() - began
+            env.observer.finished(claim, self.execution_id, finish.state, finish.error_code, dt, matched, not self.paused)
             if not matched and not self.lost:
                 log.warning("finish of job %s matched no row: ownership was lost", claim.fence.job_id)
         except asyncio.CancelledError:
@@ -331,8 +329,7 @@ class Execution:
         return handler.result()
 
     def _soft_timed_out(self, elapsed_s: float, threshold_s: float) -> None:
-        """Past the soft timeout: logged and counted, and an `execution.soft_timeout` event joins the history
-        through the batched writer, like the handler's own. The handler goes on."""
+        """Past the soft timeout: logged, counted, and an `execution.soft_timeout` event joins the history."""
         self.env.observer.soft_timed_out(self.claim, self.execution_id, elapsed_s, threshold_s)
         if self.lost or self.closed or self.finishing:
             return
@@ -422,6 +419,7 @@ class Execution:
     async def _set_waiting(self, waiting: bool, payload: dict[str, Any]) -> None:
         await self.flush()  # the history stays in order: everything emitted before goes first
         self.seq += 1
+        self.paused = self.paused or waiting
         event = NewEvent(
             self.fence, self.execution_id, self.seq, "job.waiting" if waiting else "job.resumed", dumps(payload)
         )
@@ -452,7 +450,6 @@ class Execution:
         both are taken back before the block's end is written as `job.resumed` with the payload the block left
         in the dict it was given. A block that raises leaves the job to its finish."""
         await self._set_waiting(True, why)
-        self.paused = True
         await self.pause_quotas()  # waiting holds no quota lease either (seed 003: pause / resume)
         self.env.slots.free()  # waiting holds no worker slot
         resumed: dict[str, Any] = {}

@@ -257,7 +257,6 @@ class WorkerObserver:
         error_code: str | None,
         duration_s: float,
         matched: bool,
-        *,
         timed: bool = True,
     ) -> None:
         """One line and the counters for an execution's end (`state` SCHEDULED means a retry). `timed` False:
