@@ -60,6 +60,30 @@ def _parse(text: str | Iterable[str], pattern: re.Pattern[str], what: str, shape
     return tuple(sorted(out))
 
 
+FEATURE_TAG = "feature:"
+"""A strict job's preferred features are folded into its `requires` as `feature:NAME`; a worker claims with its
+capabilities and one such tag per feature it offers (`claim_tags`), so the claim query enforces them unchanged."""
+
+
+def claim_tags(capabilities: Iterable[str], features: Iterable[str]) -> tuple[str, ...]:
+    """What a worker claims with: its capabilities and `feature:F` for each feature F it offers (docs/routing.md)."""
+    return tuple(sorted(set(capabilities) | {FEATURE_TAG + f for f in features}))
+
+
+def check_route_weights(weights: Any, what: str) -> tuple[float, float, float]:
+    """`route_weights` (load, success rate, latency) as three floats, or `ConfigError`: three finite,
+    non-negative numbers, not all 0."""
+    try:
+        out = tuple(float(w) for w in weights)
+    except (TypeError, ValueError):
+        raise ConfigError(f"agent {what!r}: route_weights must be three numbers, not {weights!r}") from None
+    if isinstance(weights, str | bytes) or len(out) != 3:
+        raise ConfigError(f"agent {what!r}: route_weights must be three numbers (load, success rate, latency)")
+    if any(not (0 <= w < float("inf")) for w in out) or not any(out):
+        raise ConfigError(f"agent {what!r}: route_weights must be non-negative and finite, not all 0, not {weights!r}")
+    return (out[0], out[1], out[2])
+
+
 def specs_json(specs: Mapping[str, AgentSpec]) -> str:
     """The admission defaults of these agents as the registry stores them (JSON text)."""
     return json.dumps(
@@ -72,6 +96,8 @@ def specs_json(specs: Mapping[str, AgentSpec]) -> str:
                 "priority": s.priority,
             }
             | ({"budget": dict(s.budget)} if s.budget else {})
+            | ({"prefers": sorted(s.prefers)} if s.prefers else {})
+            | ({"route_weights": list(s.route_weights)} if s.route_weights is not None else {})
             for name, s in sorted(specs.items())
         },
         separators=(",", ":"),
@@ -105,6 +131,8 @@ def _spec(name: str, d: dict[str, Any]) -> AgentSpec:
             requires=frozenset(str(t) for t in d.get("requires", ())),
             priority=int(d.get("priority", 0)),
             budget=check_budget(d.get("budget") or {}, f"agent {name!r}"),
+            prefers=frozenset(str(t) for t in d.get("prefers", ())),
+            route_weights=None if d.get("route_weights") is None else check_route_weights(d["route_weights"], name),
         )
     except (TypeError, ValueError, ConfigError):
         return AgentSpec(name)

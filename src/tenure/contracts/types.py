@@ -84,6 +84,10 @@ class AgentSpec:
     budget: tuple[tuple[str, float], ...] = ()
     """The default budget of its jobs, (limit, amount) pairs; a job's own budget overrides it limit by limit
     (`contracts.audit.job_budget`, docs/budgets.md)."""
+    # Routing (docs/routing.md): features its jobs prefer (merged with a job's own `prefers`), and the weights of
+    # the score (load, success rate, latency); None: the default weights of control/scoring.py.
+    prefers: frozenset[str] = frozenset()
+    route_weights: tuple[float, float, float] | None = None
 
 
 MULTITASK = ("enqueue", "reject", "interrupt", "drop_queued")
@@ -126,6 +130,25 @@ class NewJob:
     parent_job_id: str | None = None
     parent_execution_id: str | None = None
     parent_fence: Fence | None = None  # the spawning execution's fence: checked in the enqueue's transaction
+    # Routing (docs/routing.md): the worker admission preferred, how long only it may claim the job (seconds from
+    # the insert, the store's clock), and the explanation (compact JSON, control/scoring.py). None: no preference.
+    preferred_worker: str | None = None
+    preferred_grace_s: float | None = None
+    route_json: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class JobRoute:
+    """What admission's routing recorded on a job (docs/routing.md) and who claimed its first attempt: the preferred
+    worker, the end of its grace, the explanation (JSON text, control/scoring.py), the worker named in the first
+    `execution.started` and when (epoch seconds), and the store's clock now."""
+
+    preferred_worker: str | None
+    preferred_until: float | None
+    route_json: str | None
+    claimed_by: str | None
+    claimed_at: float | None
+    now: float
 
 
 @dataclass(frozen=True, slots=True)

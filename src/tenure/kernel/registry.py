@@ -18,6 +18,7 @@ from typing import Any
 
 from tenure.contracts.audit import check_budget
 from tenure.contracts.errors import ConfigError
+from tenure.contracts.profile import check_route_weights, parse_features
 from tenure.contracts.types import MULTITASK, AgentSpec
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
@@ -68,6 +69,8 @@ class Tenure:
         degrade_to: str | None = None,
         modes: Iterable[str] = (),
         budget: Mapping[str, float] | None = None,
+        prefers: Iterable[str] = (),
+        route_weights: Iterable[float] | None = None,
     ) -> Callable[[Handler], Handler]:
         """Register the decorated function as an agent.
 
@@ -84,7 +87,9 @@ class Tenure:
         `modes`: the modes a job may ask for, best first; the handler reads `ctx.mode`.
         See docs/scheduling.md. `budget`: the default limits of its jobs, the keys of a job's `budget=` on submit
         (`tool_calls`, `tokens`, `cost`, `wall_s`); a job's own budget overrides them limit by limit
-        (docs/budgets.md).
+        (docs/budgets.md). `prefers`: features a worker offering them is preferred for (a bonus to its score,
+        merged with a job's own `prefers`); `route_weights`: the weights of the routing score (load, success rate,
+        latency; three non-negative numbers, not all 0; default 0.4, 0.4, 0.2). See docs/routing.md.
         """
 
         mode_names = tuple(modes)
@@ -108,6 +113,8 @@ class Tenure:
             if max_queued is not None and max_queued < 0:
                 raise ConfigError(f"agent {agent_name!r}: max_queued must be at least 0")
             default_budget = () if budget is None else check_budget(budget, f"agent {agent_name!r}")
+            preferred = frozenset(parse_features(prefers, f"agent {agent_name!r}: prefers"))
+            weights = None if route_weights is None else check_route_weights(route_weights, agent_name)
             spec = AgentSpec(
                 name=agent_name,
                 max_attempts=max_attempts,
@@ -122,6 +129,8 @@ class Tenure:
                 degrade_to=degrade_to,
                 modes=mode_names,
                 budget=default_budget,
+                prefers=preferred,
+                route_weights=weights,
             )
             self._agents[agent_name] = Agent(spec, fn, inspect.iscoroutinefunction(fn))
             return fn
