@@ -89,5 +89,8 @@ class Router:
                 mode_effective=fallback.name,
                 degraded_reason="queue_full",
                 queue_cap=None,
+                # The preference was chosen among the first agent's workers: the fallback's may be others.
+                preferred_worker=None,
+                preferred_grace_s=None,
             )
         )

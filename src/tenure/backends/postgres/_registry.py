@@ -63,7 +63,7 @@ class RegistryOps:
             row = await conn.fetchrow(Q["request_drain"], worker_id, timeout_s)
         return None if row is None else _rows.worker(row)
 
-    async def registry_agents(self) -> list[tuple[tuple[str, ...], str]]:
+    async def registry_agents(self) -> list[WorkerInfo]:
         async with self._db.pooled("registry_agents") as conn:
             rows = await conn.fetch(Q["registry_agents"])
-        return [(tuple(r["agents"]), r["agent_specs"]) for r in rows]
+        return [_rows.worker(r) for r in rows]

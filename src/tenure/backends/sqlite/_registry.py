@@ -55,10 +55,10 @@ class RegistryOps:
         conn = self.connection
         return await conn.run(lambda: conn.tx(fn), "request_drain")
 
-    async def registry_agents(self) -> list[tuple[tuple[str, ...], str]]:
-        def fn(db: sqlite3.Connection) -> list[tuple[tuple[str, ...], str]]:
+    async def registry_agents(self) -> list[WorkerInfo]:
+        def fn(db: sqlite3.Connection) -> list[WorkerInfo]:
             rows = db.execute(Q["registry_agents"]).fetchall()
-            return [(_rows.json_list(r["agents"]), r["agent_specs"]) for r in rows]
+            return [_rows.worker(r, _rows.json_list) for r in rows]
 
         conn = self.connection
         return await conn.run(lambda: conn.read(fn), "registry_agents")

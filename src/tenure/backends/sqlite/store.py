@@ -39,6 +39,7 @@ from tenure.contracts.types import (
     Job,
     JobCounts,
     JobFilter,
+    JobRoute,
     NewEvent,
     NewJob,
     Start,
@@ -173,6 +174,9 @@ class SqliteStore(keys.SchedulingReads, AuditWrites, RegistryOps, ChildReads):
                         j.fair_step,
                         j.parent_job_id,
                         j.parent_execution_id,
+                        j.preferred_worker,
+                        j.preferred_grace_s,
+                        j.route_json,
                     ),
                 )
                 row = cur.fetchone()
@@ -192,6 +196,10 @@ class SqliteStore(keys.SchedulingReads, AuditWrites, RegistryOps, ChildReads):
     async def get_job(self, job_id: str, tenant: str | None = None) -> Job | None:
         row = await self._read(lambda db: db.execute(Q["get_job"], (job_id, tenant)).fetchone())
         return None if row is None else _rows.job(row, _rows.comma_list)
+
+    async def job_route(self, job_id: str) -> JobRoute | None:
+        row = await self._read(lambda db: db.execute(Q["job_route"], (job_id,)).fetchone())
+        return None if row is None else _rows.job_route(row)
 
     async def list_jobs(self, flt: JobFilter) -> list[Job]:
         args = (flt.tenant, flt.state.value if flt.state else None, flt.agent, flt.before, flt.limit)
