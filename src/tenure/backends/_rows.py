@@ -14,8 +14,9 @@ from typing import Any, Protocol
 
 from tenure.backends._rules import KeyedJob
 from tenure.contracts.audit import StoredRecord
+from tenure.contracts.profile import JobRoute
 from tenure.contracts.states import JobState, WorkerState
-from tenure.contracts.types import Claim, Command, Event, Execution, Fence, Job, JobRoute, Started, WorkerInfo
+from tenure.contracts.types import Claim, Command, Event, Execution, Fence, Job, Started, WorkerInfo
 
 Names = Callable[[Any], tuple[str, ...]]
 """How a dialect stores a list of names."""

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from tenure.contracts.audit import AuditRecord, BudgetUse, StepRecord, StoredRecord
 from tenure.contracts.children import ChildJob
-from tenure.contracts.profile import WorkerRecord
+from tenure.contracts.profile import JobRoute, WorkerRecord
 from tenure.contracts.reports import AdmissionState, CircuitState, StoreHealth, WaitingInfo
 from tenure.contracts.states import WorkerState
 from tenure.contracts.store import JobStore, OffloadStats, Signals
@@ -42,7 +42,6 @@ from tenure.contracts.types import (
     Job,
     JobCounts,
     JobFilter,
-    JobRoute,
     NewEvent,
     NewJob,
     Start,

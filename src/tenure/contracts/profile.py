@@ -60,6 +60,20 @@ def _parse(text: str | Iterable[str], pattern: re.Pattern[str], what: str, shape
     return tuple(sorted(out))
 
 
+@dataclass(frozen=True, slots=True)
+class JobRoute:
+    """What admission's routing recorded on a job (docs/routing.md) and who claimed its first attempt: the preferred
+    worker, the end of its grace, the explanation (JSON text, control/scoring.py), the worker named in the first
+    `execution.started` and when (epoch seconds), and the store's clock now."""
+
+    preferred_worker: str | None
+    preferred_until: float | None
+    route_json: str | None
+    claimed_by: str | None
+    claimed_at: float | None
+    now: float
+
+
 FEATURE_TAG = "feature:"
 """A strict job's preferred features are folded into its `requires` as `feature:NAME`; a worker claims with its
 capabilities and one such tag per feature it offers (`claim_tags`), so the claim query enforces them unchanged."""

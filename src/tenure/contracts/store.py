@@ -29,7 +29,7 @@ from tenure.contracts.artifacts import ArtifactStore
 from tenure.contracts.audit import AuditRecord, BudgetUse, StepRecord, StoredRecord
 from tenure.contracts.children import ChildJob
 from tenure.contracts.leases import WAIT_SUFFIX, LeaseRef, Leases, line_key, new_ticket, ticket_holder
-from tenure.contracts.profile import WorkerRecord
+from tenure.contracts.profile import JobRoute, WorkerRecord
 from tenure.contracts.reports import AdmissionState, CircuitState, StoreHealth, WaitingInfo
 from tenure.contracts.states import JobState, WorkerState
 from tenure.contracts.types import (
@@ -46,7 +46,6 @@ from tenure.contracts.types import (
     Job,
     JobCounts,
     JobFilter,
-    JobRoute,
     NewEvent,
     NewJob,
     Start,

@@ -138,20 +138,6 @@ class NewJob:
 
 
 @dataclass(frozen=True, slots=True)
-class JobRoute:
-    """What admission's routing recorded on a job (docs/routing.md) and who claimed its first attempt: the preferred
-    worker, the end of its grace, the explanation (JSON text, control/scoring.py), the worker named in the first
-    `execution.started` and when (epoch seconds), and the store's clock now."""
-
-    preferred_worker: str | None
-    preferred_until: float | None
-    route_json: str | None
-    claimed_by: str | None
-    claimed_at: float | None
-    now: float
-
-
-@dataclass(frozen=True, slots=True)
 class Enqueued:
     """The answer to one enqueue: the job as the store holds it (the row just inserted, or for a replayed
     idempotency key the existing job), and whether it was created now. Admission answers a client from it,

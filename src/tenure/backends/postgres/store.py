@@ -42,7 +42,6 @@ from tenure.contracts.types import (
     Job,
     JobCounts,
     JobFilter,
-    JobRoute,
     NewEvent,
     NewJob,
     Start,
@@ -201,13 +200,6 @@ class PostgresStore(keys.SchedulingReads, AuditWrites, _registry.RegistryOps, Ch
         async with self._db.pooled("get_job") as conn:
             row = await conn.fetchrow(Q["get_job"], job_id, tenant)
         return None if row is None else _rows.job(row)
-
-    async def job_route(self, job_id: str) -> JobRoute | None:
-        if not is_uuid(job_id):
-            return None
-        async with self._db.pooled("job_route") as conn:
-            row = await conn.fetchrow(Q["job_route"], job_id)
-        return None if row is None else _rows.job_route(row)
 
     async def list_jobs(self, flt: JobFilter) -> list[Job]:
         async with self._db.pooled("list_jobs") as conn:

@@ -1,5 +1,5 @@
-"""The registry on SQLite (docs/routing.md): registration, worker state and the list, drain requests and the
-agents of the live registry. A mixin of `SqliteStore`."""
+"""The registry on SQLite (docs/routing.md): registration, worker state and the list, drain requests, the
+agents of the live registry and a job's routing. A mixin of `SqliteStore`."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import sqlite3
 
 from tenure.backends import _rows
 from tenure.backends.sqlite._connection import Q, SqliteConnection
+from tenure.contracts.profile import JobRoute
 from tenure.contracts.states import WorkerState
 from tenure.contracts.types import WorkerInfo
 
@@ -54,6 +55,11 @@ class RegistryOps:
 
         conn = self.connection
         return await conn.run(lambda: conn.tx(fn), "request_drain")
+
+    async def job_route(self, job_id: str) -> JobRoute | None:
+        conn = self.connection
+        row = await conn.run(lambda: conn.read(lambda db: db.execute(Q["job_route"], (job_id,)).fetchone()), "job_route")
+        return None if row is None else _rows.job_route(row)
 
     async def registry_agents(self) -> list[WorkerInfo]:
         def fn(db: sqlite3.Connection) -> list[WorkerInfo]:

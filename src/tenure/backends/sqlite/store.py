@@ -39,7 +39,6 @@ from tenure.contracts.types import (
     Job,
     JobCounts,
     JobFilter,
-    JobRoute,
     NewEvent,
     NewJob,
     Start,
@@ -196,10 +195,6 @@ class SqliteStore(keys.SchedulingReads, AuditWrites, RegistryOps, ChildReads):
     async def get_job(self, job_id: str, tenant: str | None = None) -> Job | None:
         row = await self._read(lambda db: db.execute(Q["get_job"], (job_id, tenant)).fetchone())
         return None if row is None else _rows.job(row, _rows.comma_list)
-
-    async def job_route(self, job_id: str) -> JobRoute | None:
-        row = await self._read(lambda db: db.execute(Q["job_route"], (job_id,)).fetchone())
-        return None if row is None else _rows.job_route(row)
 
     async def list_jobs(self, flt: JobFilter) -> list[Job]:
         args = (flt.tenant, flt.state.value if flt.state else None, flt.agent, flt.before, flt.limit)
