@@ -3,6 +3,7 @@ workers without a record."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -22,6 +23,7 @@ from tenure.control.scoring import (
     strict_requires,
 )
 from tenure.kernel.registry import Tenure
+from tenure.worker.claiming import RECHECK_MARGIN_S, StoreWakeups
 
 
 def worker(wid: str, *, in_flight: int = 0, concurrency: int = 4, success: float | None = None,
@@ -133,3 +135,31 @@ def test_route_weights_are_validated_and_carried_in_the_agent_specs() -> None:
     for bad in [(0, 0, 0), (1, 2), (-1, 1, 1), "abc", (float("inf"), 0, 0)]:
         with pytest.raises(ConfigError, match="route_weights"):
             check_route_weights(bad, "a")
+
+
+class _Wakes:
+    """Signals whose `wait_for_jobs` answers at once (a wake-up) the first `wakes` times, then times out."""
+
+    def __init__(self, wakes: int) -> None:
+        self.wakes = wakes
+        self.timeouts: list[float] = []
+
+    async def wait_for_jobs(self, timeout_s: float) -> None:
+        self.timeouts.append(timeout_s)
+        if self.wakes > 0:
+            self.wakes -= 1
+            return
+        await asyncio.sleep(timeout_s)
+
+
+async def test_a_wake_up_whose_claim_found_nothing_is_followed_by_a_claim_after_the_grace_not_a_poll() -> None:
+    signals = _Wakes(1)
+    wakeups = StoreWakeups(signals, 5.0, asyncio.Event(), recheck_s=0.02)  # type: ignore[arg-type]
+    await wakeups.next(1, idle=True)  # woken: the claim that follows finds the job another worker's
+    await wakeups.next(1, idle=True)  # so this wait ends once that grace is over, not after the poll
+    assert signals.timeouts == [5.0, pytest.approx(0.02 + RECHECK_MARGIN_S)]
+    off = _Wakes(1)
+    plain = StoreWakeups(off, 0.05, asyncio.Event())  # type: ignore[arg-type]
+    await plain.next(1, idle=True)
+    await plain.next(1, idle=True)
+    assert off.timeouts == [0.05, 0.05]
