@@ -17,6 +17,7 @@ from tenure.control.scoring import (
     FEATURE_BONUS,
     SUCCESS_PRIOR,
     decide,
+    expand,
     explain,
     rank,
     score,
@@ -43,14 +44,14 @@ def test_score_is_the_weighted_sum_of_the_three_factors() -> None:
 
 def test_a_worker_without_a_record_scores_the_prior_and_a_full_latency_factor() -> None:
     assert score(0.0, None, None, 0) == pytest.approx(0.4 + 0.4 * SUCCESS_PRIOR + 0.2)
-    (c,) = rank([worker("w")], "a", (), ())
+    (c,) = rank([worker("w")], "a", (), ())[0]
     assert (c.success_rate, c.recorded_success_rate, c.latency_ms, c.latency_factor) == (SUCCESS_PRIOR, None, None, 1.0)
 
 
 def test_load_counts_in_flight_and_jobs_routed_since_the_snapshot() -> None:
-    (c,) = rank([worker("w", in_flight=1, concurrency=4)], "a", (), (), routed={"w": 2})
+    (c,) = rank([worker("w", in_flight=1, concurrency=4)], "a", (), (), routed={"w": 2})[0]
     assert c.load == pytest.approx(0.75) and c.free
-    (c,) = rank([worker("w", in_flight=1, concurrency=4)], "a", (), (), routed={"w": 3})
+    (c,) = rank([worker("w", in_flight=1, concurrency=4)], "a", (), (), routed={"w": 3})[0]
     assert c.load == 1.0 and not c.free
 
 
@@ -64,7 +65,8 @@ def test_the_weights_decide_between_a_fast_worker_and_a_reliable_one() -> None:
 def test_each_preferred_feature_a_worker_offers_adds_the_bonus() -> None:
     plain = worker("a-plain")
     gpu = worker("b-gpu", features=("gpu", "long"))
-    ranked = rank([plain, gpu], "a", (), ("gpu", "long", "ssd"))
+    ranked, total, _ = rank([plain, gpu], "a", (), ("gpu", "long", "ssd"))
+    assert total == 2
     assert [c.worker_id for c in ranked] == ["b-gpu", "a-plain"]
     assert ranked[0].score - ranked[1].score == pytest.approx(2 * FEATURE_BONUS)
     assert ranked[0].features == ("gpu", "long")
@@ -88,7 +90,7 @@ def test_only_live_workers_of_the_agent_with_every_requirement_are_candidates() 
         worker("no-cap"),
         *(worker(s.value, capabilities=("text/summarize",), state=s) for s in WorkerState if s is not WorkerState.ACTIVE),
     ]
-    assert [c.worker_id for c in rank(workers, "a", ("text/summarize",), ())] == ["ok"]
+    assert [c.worker_id for c in rank(workers, "a", ("text/summarize",), ())[0]] == ["ok"]
 
 
 def test_ties_go_to_the_smaller_worker_id() -> None:
@@ -107,9 +109,21 @@ def test_no_preference_without_a_choice_or_without_a_free_slot() -> None:
     assert d.candidates[0].worker_id == "w1" and d.preferred == "w2"
 
 
+def test_a_decision_records_the_best_candidates_and_counts_them_all() -> None:
+    many = [worker(f"w{i:02d}", in_flight=i % 4) for i in range(30)]
+    d = decide(many, "a", (), keep=5)
+    assert d.candidates_total == 30 and len(d.candidates) == 5
+    assert d.preferred == d.candidates[0].worker_id == "w00"
+    full = [*(worker(f"w{i}", in_flight=4) for i in range(8)), worker("w9", in_flight=3, success=0.0)]
+    d = decide(full, "a", (), keep=2)  # the only free one is not among those listed: still preferred
+    assert d.preferred == "w9" and "w9" not in [c.worker_id for c in d.candidates]
+    assert len(decide(many, "a", (), keep=None).candidates) == 30
+
+
 def test_the_decision_serialises_every_factor_and_explains_itself() -> None:
     d = decide([worker("w1", success=0.9, latency=500.0), worker("w2")], "a", (), weights=(0.5, 0.3, 0.2))
-    route = json.loads(d.to_json())
+    route = expand(json.loads(d.to_json()), d.preferred)  # as the job row stores it, then as GET shows it
+    assert route == d.to_dict()
     assert route["weights"] == [0.5, 0.3, 0.2] and route["limit_ms"] == DEFAULT_LIMIT_MS
     for c in route["candidates"]:
         recomputed = score(c["load"], c["recorded_success_rate"], c["latency_ms"], len(c["features"]), route["weights"])

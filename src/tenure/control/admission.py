@@ -239,7 +239,7 @@ class Admission:
         need = frozenset(fields.requires or ()) | spec.requires
         wanted = frozenset(fields.prefers or ()) | spec.prefers
         return decide(self.directory.workers, spec.name, _routed_requires(need, wanted, strict), wanted, strict,
-                      spec.route_weights, limit_ms_of(spec.timeout_s), self.directory.routed)  # fmt: skip
+                      spec.route_weights, limit_ms_of(spec.timeout_s), self.directory.routed, keep=None)  # fmt: skip
 
     def _route(
         self, spec: AgentSpec, requires: frozenset[str], prefers: frozenset[str], strict: bool

@@ -25,7 +25,7 @@ from tenure.contracts.types import ControlOutcome, Event, Job, JobFilter, Worker
 from tenure.control.admission import Admission, Admitted, JobRequest
 from tenure.control.coordinators import cancel_children
 from tenure.control.models import ApprovalBody, InputBody, RequeueBody, shown, validated
-from tenure.control.scoring import explain
+from tenure.control.scoring import expand, explain
 
 AHEAD_BOUND = 10_000
 """How far `waiting_reason` counts the jobs ahead of a queued one (the count reads the head of the ready index)."""
@@ -136,13 +136,10 @@ class JobsService:
         if got is None or got.route_json is None:
             return None
         try:
-            recorded = json.loads(got.route_json)
-        except ValueError:
-            return None
-        if not isinstance(recorded, dict):
-            return None
+            recorded = expand(json.loads(got.route_json), got.preferred_worker)
+        except (ValueError, TypeError, KeyError):
+            return None  # not an explanation this version wrote
         return recorded | {
-            "preferred_worker": got.preferred_worker,
             "grace_ends_at": got.preferred_until,
             "claimed_by": got.claimed_by,
             "claimed_at": got.claimed_at,

@@ -19,9 +19,9 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
-from tenure.contracts.profile import FEATURE_TAG, claim_tags
+from tenure.contracts.profile import FEATURE_TAG
 from tenure.contracts.states import WorkerState
 from tenure.contracts.types import WorkerInfo
 
@@ -33,11 +33,14 @@ SUCCESS_PRIOR = 1.0
 """The success rate of a worker that has not finished a job yet (its `success_rate` is null)."""
 DEFAULT_LIMIT_MS = 10_000.0
 """The latency that scores 0 for an agent without `timeout=`."""
+RECORDED_CANDIDATES = 20
+"""The candidates a job's `route` lists, best first (with `candidates_total`): every candidate up to 20 workers;
+beyond, the row would hold kilobytes per job (about 200 bytes per candidate) that no reader needs. `tenure route`
+lists them all."""
 
 
-@dataclass(frozen=True, slots=True)
-class Candidate:
-    """One live, capable worker and its score, factor by factor."""
+class Candidate(NamedTuple):
+    """One live, capable worker and its score, factor by factor (a tuple: one is built per candidate per job)."""
 
     worker_id: str
     score: float
@@ -57,12 +60,12 @@ class Candidate:
         """The JSON form of the `route` field."""
         return {
             "worker_id": self.worker_id,
-            "score": round(self.score, 6),
-            "load": round(self.load, 6),
+            "score": self.score,
+            "load": self.load,
             "success_rate": self.success_rate,
             "recorded_success_rate": self.recorded_success_rate,
             "latency_ms": self.latency_ms,
-            "latency_factor": round(self.latency_factor, 6),
+            "latency_factor": self.latency_factor,
             "features": list(self.features),
             "free": self.free,
         }
@@ -94,6 +97,17 @@ def limit_ms_of(timeout_s: float | None) -> float:
     return DEFAULT_LIMIT_MS if timeout_s is None else timeout_s * 1000.0
 
 
+def _offers(w: WorkerInfo, need: Iterable[str]) -> bool:
+    """Whether `w` claims a job requiring `need`: each tag among its capabilities, or `feature:F` with F among its
+    features (contracts/profile.py `claim_tags`, without building the set per job)."""
+    for tag in need:
+        if tag in w.capabilities:
+            continue
+        if not (tag.startswith(FEATURE_TAG) and tag[len(FEATURE_TAG) :] in w.features):
+            return False
+    return True
+
+
 def rank(
     workers: Iterable[WorkerInfo],
     agent: str,
@@ -102,36 +116,43 @@ def rank(
     weights: Sequence[float] = DEFAULT_WEIGHTS,
     limit_ms: float = DEFAULT_LIMIT_MS,
     routed: Mapping[str, int] | None = None,
-) -> list[Candidate]:
-    """Every live candidate for a job, best first (ties: the smaller worker id). `requires` is the job's whole
+    keep: int | None = None,
+) -> tuple[list[Candidate], int, str | None]:
+    """The live candidates for a job, best first (ties: the smaller worker id): the first `keep` of them (None:
+    all), how many there are, and the best one with an estimated free slot. `requires` is the job's whole
     requirement, a strict job's `feature:NAME` tags included; `routed`: jobs routed to each worker since the
-    snapshot `workers` was read."""
-    need = set(requires)
+    snapshot `workers` was read. Each is scored as plain numbers; only the candidates kept become `Candidate`s
+    (at 1,000 workers, building and serialising every one cost more than the choice itself)."""
+    need = tuple(requires)
     wanted = sorted(set(prefers))
-    out = []
+    routed = routed or {}
+    active = WorkerState.ACTIVE  # (an enum member looked up once, not once per worker)
+    scored = []
     for w in workers:
-        if w.state is not WorkerState.ACTIVE or agent not in w.agents:
+        if w.state is not active or agent not in w.agents or (need and not _offers(w, need)):
             continue
-        if not need <= set(claim_tags(w.capabilities, w.features)):
-            continue
-        busy = w.in_flight + (routed or {}).get(w.id, 0)
+        busy = w.in_flight + routed.get(w.id, 0)
         load = min(busy / w.concurrency, 1.0) if w.concurrency > 0 else 1.0
-        offered = tuple(f for f in wanted if f in w.features)
-        out.append(
-            Candidate(
-                worker_id=w.id,
-                score=score(load, w.success_rate, w.latency_ms, len(offered), weights, limit_ms),
-                load=load,
-                success_rate=SUCCESS_PRIOR if w.success_rate is None else w.success_rate,
-                recorded_success_rate=w.success_rate,
-                latency_ms=w.latency_ms,
-                latency_factor=latency_factor(w.latency_ms, limit_ms),
-                features=offered,
-                free=busy < w.concurrency,
-            )
+        offered = tuple(f for f in wanted if f in w.features) if wanted else ()
+        total = score(load, w.success_rate, w.latency_ms, len(offered), weights, limit_ms)
+        scored.append((-total, w.id, load, busy < w.concurrency, w, offered))
+    scored.sort()  # by score, then worker id (ids are unique: the tuples never compare further)
+    best_free = next((t[1] for t in scored if t[3]), None)
+    out = [
+        Candidate(
+            wid,
+            -neg,
+            load,
+            SUCCESS_PRIOR if w.success_rate is None else w.success_rate,
+            w.success_rate,
+            w.latency_ms,
+            latency_factor(w.latency_ms, limit_ms),
+            offered,
+            free,
         )
-    out.sort(key=lambda c: (-c.score, c.worker_id))
-    return out
+        for neg, wid, load, free, w, offered in (scored if keep is None else scored[:keep])
+    ]
+    return out, len(scored), best_free
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,10 +168,13 @@ class Decision:
     limit_ms: float
     prefers: tuple[str, ...]
     strict: bool
+    candidates_total: int = 0
+    """How many candidates there were (`candidates` lists the best of them; see RECORDED_CANDIDATES)."""
 
     def to_dict(self) -> dict[str, Any]:
         """The explanation as the job row stores it (and `tenure route` prints it)."""
         return {
+            "candidates_total": self.candidates_total,
             "preferred_worker": self.preferred,
             "reason": self.reason,
             "weights": list(self.weights),
@@ -163,8 +187,53 @@ class Decision:
         }
 
     def to_json(self) -> str:
-        """`to_dict` as compact JSON."""
-        return json.dumps(self.to_dict(), separators=(",", ":"))
+        """The explanation as the job row stores it: compact JSON, each candidate one array of the factors
+        `expand` cannot derive (worker id, score, load, recorded success rate, latency, features, free), so that
+        admission pays for little more than the choice. `expand` gives back `to_dict`'s form."""
+        return json.dumps(
+            {
+                "reason": self.reason,
+                "weights": self.weights,
+                "limit_ms": self.limit_ms,
+                "prefers": self.prefers,
+                "strict": self.strict,
+                "total": self.candidates_total,
+                "c": [(c[0], c[1], c[2], c[4], c[5], c[7], c[8]) for c in self.candidates],
+            },
+            separators=(",", ":"),
+        )
+
+
+def expand(stored: Mapping[str, Any], preferred: str | None) -> dict[str, Any]:
+    """A stored explanation (`Decision.to_json`) in `Decision.to_dict`'s form, with the preferred worker of the
+    job's row."""
+    limit_ms = float(stored["limit_ms"])
+    candidates = [
+        Candidate(
+            wid,
+            score_,
+            load,
+            SUCCESS_PRIOR if rate is None else rate,
+            rate,
+            latency,
+            latency_factor(latency, limit_ms),
+            tuple(features),
+            free,
+        ).to_dict()
+        for wid, score_, load, rate, latency, features, free in stored["c"]
+    ]
+    return {
+        "candidates_total": stored["total"],
+        "preferred_worker": preferred,
+        "reason": stored["reason"],
+        "weights": list(stored["weights"]),
+        "limit_ms": limit_ms,
+        "feature_bonus": FEATURE_BONUS,
+        "success_prior": SUCCESS_PRIOR,
+        "prefers": list(stored["prefers"]),
+        "strict": stored["strict"],
+        "candidates": candidates,
+    }
 
 
 def decide(
@@ -176,20 +245,21 @@ def decide(
     weights: Sequence[float] | None = None,
     limit_ms: float = DEFAULT_LIMIT_MS,
     routed: Mapping[str, int] | None = None,
+    keep: int | None = RECORDED_CANDIDATES,
 ) -> Decision:
-    """Rank the candidates and choose: the best one with an estimated free slot when there are several."""
+    """Rank the candidates and choose: the best one with an estimated free slot when there are several. The
+    decision lists the best `keep` candidates (None: every one; `tenure route` shows them all)."""
     w = DEFAULT_WEIGHTS if weights is None else (float(weights[0]), float(weights[1]), float(weights[2]))
-    ranked = rank(workers, agent, requires, prefers, w, limit_ms, routed)
-    free = [c for c in ranked if c.free]
-    if not ranked:
+    ranked, total, best_free = rank(workers, agent, requires, prefers, w, limit_ms, routed, keep)
+    if total == 0:
         preferred, reason = None, "no_candidate"
-    elif len(ranked) == 1:
+    elif total == 1:
         preferred, reason = None, "only_candidate"
-    elif not free:
+    elif best_free is None:
         preferred, reason = None, "no_free_slot"
     else:
-        preferred, reason = free[0].worker_id, "preferred"
-    return Decision(preferred, reason, tuple(ranked), w, limit_ms, tuple(sorted(set(prefers))), strict)
+        preferred, reason = best_free, "preferred"
+    return Decision(preferred, reason, tuple(ranked), w, limit_ms, tuple(sorted(set(prefers))), strict, total)
 
 
 def strict_requires(prefers: Iterable[str]) -> frozenset[str]:
