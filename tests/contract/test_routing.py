@@ -11,6 +11,7 @@ from tenure.contracts.states import JobState
 from tenure.contracts.store import Store
 from tenure.contracts.types import AgentSpec, WorkerInfo
 from tenure.control.admission import Admission, AdmissionLimits, JobRequest
+from tenure.control.directory import TTL_S, AgentDirectory
 from tenure.control.jobs import JobsService
 
 A, B = "worker-a", "worker-b"  # no record either: a tie, so A (the smaller id) is preferred
@@ -86,3 +87,19 @@ async def grace_over_or_none(store: Store, job_id: str) -> None:
     route = await store.job_route(job_id)
     if route is not None and route.preferred_until is not None:
         await grace_over(store, job_id)
+
+
+async def test_a_decision_without_preference_is_remembered_only_for_its_snapshot(store: Store) -> None:
+    await store.register_worker(WorkerInfo(A, "h", 1, 4, ("echo",)))
+    now = [100.0]
+    directory = AgentDirectory(store, clock=lambda: now[0])
+    admission = Admission(store, AGENTS, AdmissionLimits(route_grace_ms=GRACE_MS), directory=directory)
+    first = (await admission.admit(JobRequest("echo", {}))).job.id
+    await store.register_worker(WorkerInfo(B, "h", 2, 4, ("echo",)))  # not in the snapshot yet
+    second = (await admission.admit(JobRequest("echo", {}))).job.id
+    routes = [await store.job_route(j) for j in (first, second)]
+    assert all(r is not None and r.preferred_worker is None for r in routes)
+    assert routes[0].route_json == routes[1].route_json  # type: ignore[union-attr]
+    now[0] += TTL_S  # the next admit reads the registry again: B is a candidate, the decision is made anew
+    third = await store.job_route((await admission.admit(JobRequest("echo", {}))).job.id)
+    assert third is not None and third.preferred_worker == A and directory.reads == 2

@@ -44,6 +44,8 @@ from tenure.control.routing import Router
 from tenure.control.scoring import Decision, decide, limit_ms_of, strict_requires
 from tenure.control.tenant_budgets import TenantBudget, check_tenant_budgets
 
+QUIET_DECISIONS = 256
+"""The most routing decisions without a preference an admission door remembers (`Admission._route`)."""
 HINT_TIMEOUT_S = 0.5
 """The longest a submit waits for the ready index to take its hint (it is an accelerator, never the truth)."""
 
@@ -153,6 +155,10 @@ class Admission:
         self.inflight = InFlight()
         # Told (requested agent, reason) of every job admitted degraded (the metric tenure_degraded_total).
         self.on_degraded = on_degraded
+        # Routing decisions without a preference, by (agent, requires, prefers, strict), valid for one registry
+        # snapshot while `directory.routed` is unchanged (`_route`).
+        self._quiet: dict[tuple[str, frozenset[str], frozenset[str], bool], str] = {}
+        self._quiet_reads = -1
         self.router = Router(
             store,
             self.spec,
@@ -249,12 +255,26 @@ class Admission:
         grace_ms = self.limits.route_grace_ms
         if grace_ms <= 0:
             return None, None, None
-        routed = self.directory.routed
-        d = decide(self.directory.workers, spec.name, requires, prefers, strict, spec.route_weights,
+        directory = self.directory
+        if self._quiet_reads != directory.reads:  # a new snapshot: every remembered decision is stale
+            self._quiet.clear()
+            self._quiet_reads = directory.reads
+        key = (spec.name, requires, prefers, strict)
+        quiet = self._quiet.get(key)
+        if quiet is not None:
+            return None, None, quiet
+        routed = directory.routed
+        d = decide(directory.workers, spec.name, requires, prefers, strict, spec.route_weights,
                    limit_ms_of(spec.timeout_s), routed)  # fmt: skip
         if d.preferred is None:
-            return None, None, d.to_json()
+            # The same job decides the same while neither the snapshot nor `routed` changed: remembered, the
+            # common single-worker path (one candidate, no preference) pays a dict lookup, not a ranking.
+            if len(self._quiet) >= QUIET_DECISIONS:
+                self._quiet.clear()
+            self._quiet[key] = explained = d.to_json()
+            return None, None, explained
         routed[d.preferred] = routed.get(d.preferred, 0) + 1
+        self._quiet.clear()  # `routed` changed: a load in a remembered explanation may have
         return d.preferred, grace_ms / 1000.0, d.to_json()
 
     def _mode(self, spec: AgentSpec, asked: str | None) -> tuple[str | None, str | None, str | None]:
