@@ -5,7 +5,7 @@
 For each registry size (fake workers registered through the store's registry API, each with a record written
 by the store's heartbeat, a third of them offering the feature `gpu`) it prints:
 
-- the routing decision alone: `Admission._route` (rank every candidate, choose, serialise the explanation), in µs
+- the routing decision alone: `RouteChooser.choose` (rank every candidate, choose, serialise the explanation), in µs
   per job, from the cached registry snapshot (no I/O);
 - `Admission.admit` of a job preferring `gpu`, per job, with routing on (TENURE_ROUTE_GRACE_MS=200) and off (0),
   medians of 10 interleaved rounds on one store;
@@ -68,7 +68,7 @@ async def run(url: str, workers: int, admits: int) -> dict[str, float]:
             t0 = time.perf_counter()
             for _ in range(200):
                 on.directory.routed.clear()  # each decision against the same snapshot: no slot filled up
-                on._route(spec, need, wanted, False)
+                on.chooser.choose(spec, need, wanted, False)
             decisions.append((time.perf_counter() - t0) / 200)
         took: dict[str, list[float]] = {"on": [], "off": []}
         rounds = 10

@@ -58,7 +58,7 @@ ALLOWED: dict[str, str] = {
     "tenure.control.admission.InFlight._pending": ROW,
     "tenure.control.directory.AgentDirectory._specs": ROW,
     "tenure.control.directory.AgentDirectory.routed": ROW,
-    "tenure.control.admission.Admission._quiet": ROW,
+    "tenure.control.routing.RouteChooser._quiet": ROW,
     "tenure.gateway.ui.labs.LabRunner._env": ROW,
     "tenure.gateway.ui.labs.LabRunner._runs": ROW,
     "tenure.gateway.ui.sessions.Sessions._keys": ROW,

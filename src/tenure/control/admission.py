@@ -40,12 +40,10 @@ from tenure.control.directory import AgentDirectory
 from tenure.control.gate import CircuitOpen, Gate, GateConfig, GateObserver, QueueFull
 from tenure.control.json_input import MAX_JSON_DEPTH, InvalidJSON, lone_surrogate, may_nest_deeper, nesting_exceeds
 from tenure.control.models import KEY, TENANT, JobSpec, check, shown, validated
-from tenure.control.routing import Router
-from tenure.control.scoring import Decision, decide, limit_ms_of, strict_requires
+from tenure.control.routing import RouteChooser, Router, routed_requires
+from tenure.control.scoring import Decision
 from tenure.control.tenant_budgets import TenantBudget, check_tenant_budgets
 
-QUIET_DECISIONS = 256
-"""The most routing decisions without a preference an admission door remembers (`Admission._route`)."""
 HINT_TIMEOUT_S = 0.5
 """The longest a submit waits for the ready index to take its hint (it is an accelerator, never the truth)."""
 
@@ -155,10 +153,8 @@ class Admission:
         self.inflight = InFlight()
         # Told (requested agent, reason) of every job admitted degraded (the metric tenure_degraded_total).
         self.on_degraded = on_degraded
-        # Routing decisions without a preference, by (agent, requires, prefers, strict), valid for one registry
-        # snapshot while `directory.routed` is unchanged (`_route`).
-        self._quiet: dict[tuple[str, frozenset[str], frozenset[str], bool], str] = {}
-        self._quiet_reads = -1
+        # The preferred worker of each job, scored from the directory's snapshot (docs/routing.md).
+        self.chooser = RouteChooser(self.directory, self.limits.route_grace_ms)
         self.router = Router(
             store,
             self.spec,
@@ -201,8 +197,8 @@ class Admission:
         if strict:
             defining.append("strict")
         fingerprint = hashlib.sha256(json.dumps(defining).encode()).digest()
-        requires = _routed_requires(requires, prefers, strict)
-        preferred, grace_s, route_json = self._route(spec, requires, prefers, strict)
+        requires = routed_requires(requires, prefers, strict)
+        preferred, grace_s, route_json = self.chooser.choose(spec, requires, prefers, strict)
         mode_requested, mode_effective, degraded = self._mode(spec, fields.mode)
         return NewJob(
             id=new_id(),
@@ -244,38 +240,7 @@ class Admission:
         fields = validated(JobSpec, {"agent": agent, "requires": list(requires), "prefers": list(prefers)}, "the request")
         need = frozenset(fields.requires or ()) | spec.requires
         wanted = frozenset(fields.prefers or ()) | spec.prefers
-        return decide(self.directory.workers, spec.name, _routed_requires(need, wanted, strict), wanted, strict,
-                      spec.route_weights, limit_ms_of(spec.timeout_s), self.directory.routed, keep=None)  # fmt: skip
-
-    def _route(
-        self, spec: AgentSpec, requires: frozenset[str], prefers: frozenset[str], strict: bool
-    ) -> tuple[str | None, float | None, str | None]:
-        """(preferred worker, its grace in seconds, the explanation) for a job, scored from the registry snapshot
-        (control/scoring.py): no I/O. Off (all None) when TENURE_ROUTE_GRACE_MS is 0."""
-        grace_ms = self.limits.route_grace_ms
-        if grace_ms <= 0:
-            return None, None, None
-        directory = self.directory
-        if self._quiet_reads != directory.reads:  # a new snapshot: every remembered decision is stale
-            self._quiet.clear()
-            self._quiet_reads = directory.reads
-        key = (spec.name, requires, prefers, strict)
-        quiet = self._quiet.get(key)
-        if quiet is not None:
-            return None, None, quiet
-        routed = directory.routed
-        d = decide(directory.workers, spec.name, requires, prefers, strict, spec.route_weights,
-                   limit_ms_of(spec.timeout_s), routed)  # fmt: skip
-        if d.preferred is None:
-            # The same job decides the same while neither the snapshot nor `routed` changed: remembered, the
-            # common single-worker path (one candidate, no preference) pays a dict lookup, not a ranking.
-            if len(self._quiet) >= QUIET_DECISIONS:
-                self._quiet.clear()
-            self._quiet[key] = explained = d.to_json()
-            return None, None, explained
-        routed[d.preferred] = routed.get(d.preferred, 0) + 1
-        self._quiet.clear()  # `routed` changed: a load in a remembered explanation may have
-        return d.preferred, grace_ms / 1000.0, d.to_json()
+        return self.chooser.preview(spec, routed_requires(need, wanted, strict), wanted, strict)
 
     def _mode(self, spec: AgentSpec, asked: str | None) -> tuple[str | None, str | None, str | None]:
         """(mode_requested, mode_effective, degraded_reason) of a job of `spec` asking for mode `asked`: the
@@ -469,12 +434,6 @@ def _spec_fields(req: JobRequest) -> dict[str, Any]:
         "prefers": _listed(req.prefers),
         "strict": req.strict,
     }
-
-
-def _routed_requires(requires: frozenset[str], prefers: frozenset[str], strict: bool) -> frozenset[str]:
-    """A job's whole requirement: a strict job's preferred features join it as `feature:NAME`, which the claim
-    then enforces unchanged (a worker claims with `feature:F` for each feature it offers; docs/routing.md)."""
-    return requires | strict_requires(prefers) if strict else requires
 
 
 def _listed(tags: Any) -> Any:
