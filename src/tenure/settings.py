@@ -290,6 +290,7 @@ _TABLE: dict[str, tuple[str, str, Callable[[str, str], Any]]] = {
     "max_result_bytes": ("worker", "max_result_bytes", _pos_int),
     "unhealthy_after": ("worker", "unhealthy_after", _pos_int),
     "unhealthy_cooldown_s": ("worker", "unhealthy_cooldown_s", _pos_float),
+    "hard_timeout_floor_s": ("worker", "hard_timeout_floor_s", _pos_float),
     "lag_interval_s": ("worker", "lag_interval_s", _pos_float),
     "stall_threshold_s": ("worker", "stall_threshold_s", _pos_float),
     "degraded_lag_s": ("worker", "degraded_lag_s", _pos_float),

@@ -12,7 +12,7 @@ from tenure.backends._queries import load_queries
 from tenure.contracts.insights import Insights, JobQuery, id_floor
 from tenure.contracts.states import JobState
 from tenure.contracts.store import Store
-from tenure.contracts.types import new_id
+from tenure.contracts.types import JobFilter, NewEvent, new_id
 from tenure.control.admission import idem_digest
 from tenure.settings import Settings
 from tests.contract.test_store import W1, claim_one, finish, start_one, submit
@@ -134,3 +134,39 @@ async def test_circuit_failures_are_counted_per_key(store: Store, insights: Insi
     assert [(r.key, r.failures) for r in rows] == [("agent:echo", 2), ("agent:safe", 1)]
     assert abs(rows[0].last_failure_at - time.time()) < 5
     assert await insights.circuit_failures(time.time() + 60) == []
+
+
+async def test_every_state_is_listed_and_counted_per_tenant_and_overall(store: Store, insights: Insights) -> None:
+    # A job in each state the indexes tell apart (SQLite reads a partial index per kind: _state_pages.py), in two
+    # tenants: each state's page, count and `list_jobs` find exactly its jobs, and a job that moves on leaves them.
+    want: dict[tuple[str, JobState], str] = {}
+    for tenant in ("a", "b"):
+        for state in (JobState.RUNNING, JobState.WAITING, JobState.SCHEDULED, JobState.SUCCEEDED, JobState.FAILED):
+            job_id = await submit(store, tenant=tenant, max_attempts=2)
+            claim = await claim_one(store)
+            assert claim.fence.job_id == job_id
+            execution_id = await start_one(store, claim)
+            if state is JobState.WAITING:
+                assert await store.set_waiting(NewEvent(claim.fence, execution_id, 2, "job.waiting", "{}"), True)
+            elif state is not JobState.RUNNING:
+                assert len(await store.finish(W1, [finish(claim.fence, execution_id, state, delay=3600)])) == 1
+            want[tenant, state] = job_id
+    for tenant in ("a", "b"):
+        want[tenant, JobState.QUEUED] = await submit(store, tenant=tenant)
+    for state in JobState:
+        mine = {t: [want[t, state]] if (t, state) in want else [] for t in ("a", "b")}
+        both = sorted(mine["a"] + mine["b"], reverse=True)
+        assert [j.id for j in (await insights.job_page(JobQuery(state=state))).jobs] == both, state
+        assert [j.id for j in await store.list_jobs(JobFilter(state=state))] == both, state
+        assert (await insights.count_by_state(None))[state.value] == len(both), state
+        for t in ("a", "b"):
+            assert [j.id for j in (await insights.job_page(JobQuery(tenant=t, state=state))).jobs] == mine[t]
+            assert [j.id for j in await store.list_jobs(JobFilter(tenant=t, state=state))] == mine[t]
+            assert (await insights.count_by_state(t))[state.value] == len(mine[t])
+    # The queued job of a starts: it leaves the queued page and count and joins the running ones.
+    claim = await claim_one(store)
+    await start_one(store, claim)
+    assert [j.id for j in (await insights.job_page(JobQuery(tenant="a", state=JobState.QUEUED))).jobs] == []
+    running = await insights.job_page(JobQuery(tenant="a", state=JobState.RUNNING))
+    assert sorted(j.id for j in running.jobs) == sorted([want["a", JobState.RUNNING], want["a", JobState.QUEUED]])
+    assert (await insights.count_by_state(None))["queued"] == 1

@@ -74,8 +74,8 @@ async def test_migrate_is_idempotent_and_reports_the_version(store: Store) -> No
     # Each dialect numbers its own migrations (PostgreSQL has three SQLite does not need: 0003_signals, and
     # 0004_lease_lines and 0005_hand_over_expiry, whose functions SQLite runs as Python in one transaction).
     # audit 0004 / 0007, broker 0005 / 0008, scheduling 0006 / 0009, state index 0007 / 0010,
-    # tenant retention 0008 / 0011, coordinators 0009 / 0012, routing 0010 / 0013
-    latest = {"sqlite": 10, "postgres": 13}[store.dialect]
+    # tenant retention 0008 / 0011, coordinators 0009 / 0012, state pages 0010 (SQLite only), routing 0011 / 0013
+    latest = {"sqlite": 11, "postgres": 13}[store.dialect]
     assert await store.schema_version() == latest
     assert await store.migrate() == latest
     assert await store.schema_version() == latest
@@ -166,6 +166,27 @@ async def test_claim_respects_limit_priority_agents_and_capabilities(store: Stor
     assert [c.fence.job_id for c in await store.claim(W1, ["gpu"], [], 5, TTL)] == []  # lacks the tag
     assert [c.fence.job_id for c in await store.claim(W1, ["gpu"], ["gpu", "x"], 5, TTL)] == [gpu]
     assert [c.fence.job_id for c in await store.claim(W1, ["echo"], [], 5, TTL)] == [low]
+
+
+@pytest.mark.parametrize("together", [False, True], ids=["claim", "claim_and_start"])
+async def test_a_category_wildcard_offers_its_subcategories_and_nothing_else(store: Store, together: bool) -> None:
+    # `text/*` offers text/summarize and text/translate; not image/ocr, not the flat tag `text`, and a flat tag
+    # only as written. Both claim statements apply the rule (docs/routing.md, contracts/profile.offers).
+    async def claim(caps: list[str]) -> list[str]:
+        if together:
+            return [c.fence.job_id for c, _ in await store.claim_and_start(W1, ["echo"], caps, 10, TTL)]
+        return [c.fence.job_id for c in await store.claim(W1, ["echo"], caps, 10, TTL)]
+
+    summarize = await submit(store, requires=["text/summarize"])
+    both = await submit(store, requires=["text/translate", "gpu"])
+    ocr = await submit(store, requires=["image/ocr"])
+    flat = await submit(store, requires=["text"])
+    assert await claim(["image/*x", "text/summarise", "gpu"]) == []
+    assert await claim(["text/*"]) == [summarize]
+    assert await claim(["text/*", "gpu"]) == [both]
+    assert await claim(["image/ocr", "text/*"]) == [ocr]
+    assert await claim(["text/*", "image/*"]) == []  # the flat tag `text` is not the category
+    assert await claim(["text"]) == [flat]
 
 
 async def test_claim_and_start_runs_each_claimable_job_once_in_one_step(store: Store) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tenure.app import open_backends
 from tenure.contracts.states import JobState, WorkerState
@@ -227,6 +229,60 @@ async def test_three_hard_timeouts_in_a_row_make_a_worker_unhealthy_until_its_co
         assert last_hang.ended_at is not None and began <= last_hang.ended_at + 0.05  # unhealthy at the 3rd
     finally:
         worker.stop()
+
+
+async def soft_timeouts(url: str, agent: str) -> float:
+    """`tenure_soft_timeouts_total{agent}` as the worker's /metrics says now (0 before its first)."""
+    async with httpx.AsyncClient() as http:
+        text = (await http.get(url, timeout=10)).text
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == "tenure_soft_timeouts_total" and s.labels.get("agent") == agent:
+                return float(s.value)
+    return 0.0
+
+
+async def test_past_its_p95_a_job_is_counted_as_a_soft_timeout_and_succeeds_and_past_twice_its_p99_it_is_cancelled(
+    database_url: str, backends: Backends, tmp_path: Path
+) -> None:
+    # `sleep` declares timeout=3600 (the ceiling); a floor of 2 s lets 2 x p99 of quick runs cut a hang at 2 s.
+    env = {"TENURE_HARD_TIMEOUT_FLOOR_S": "2", "TENURE_LOG_FORMAT": "json"}
+    worker = WorkerProc(database_url, tmp_path, "w", concurrency=1, env=env, args=("--metrics-port", "0"))
+    try:
+        await only_worker(backends)
+        found = await eventually(lambda: _metrics_url(worker), 20, "the worker to serve /metrics")
+        for _ in range(25):  # the window learns the agent's normal duration (a soft timeout needs 20)
+            assert await finished(backends, await submit(backends, "sleep", {"seconds": 0.01})) is JobState.SUCCEEDED
+        before = await soft_timeouts(found, "sleep")  # a quick run may have crossed an early p95 already
+        slow = await submit(backends, "sleep", {"seconds": 0.6, "every": 1})
+        assert await finished(backends, slow) is JobState.SUCCEEDED  # not interrupted
+        assert await soft_timeouts(found, "sleep") == before + 1  # once for the execution
+        events = await backends.jobs.read_events(slow, None, 100)
+        (soft,) = [e for e in events if e.type == "execution.soft_timeout"]
+        assert soft.payload["elapsed_s"] >= soft.payload["threshold_s"] and events[-1].type == "job.succeeded"
+        lines = [json.loads(x) for x in worker.log().splitlines() if x.startswith("{")]
+        (line,) = [x for x in lines if x.get("job_id") == slow and "soft timeout" in x["msg"]]
+        assert line["agent"] == "sleep" and line["elapsed_s"] >= line["threshold_s"]
+
+        hang = (await Admission(backends.jobs, {}).admit(JobRequest("sleep", {"seconds": 60}, max_attempts=1))).job.id
+        assert await finished(backends, hang) is JobState.DEAD  # well before its timeout=3600
+        job = await backends.jobs.get_job(hang)
+        assert job is not None and job.error_code == "timeout", job
+        hard = re.search(r"ran longer than ([0-9.]+)s", job.error_message or "")
+        assert hard is not None and 2.0 <= float(hard.group(1)) < 3600, job  # 2 x p99 within the floor and ceiling
+
+        async def counted() -> bool:  # the health path counts it like any hard timeout (sent with a heartbeat)
+            (w,) = await backends.jobs.list_workers()
+            return w.consecutive_timeouts == 1
+
+        await eventually(counted, 10, "the worker's record to count the hard timeout")
+    finally:
+        worker.stop()
+
+
+async def _metrics_url(w: WorkerProc) -> str | None:
+    found = re.search(r"metrics on (http://[0-9.]+:\d+/metrics)", w.log())
+    return found.group(1) if found else None
 
 
 async def test_a_worker_warming_up_claims_nothing_until_its_warmups_ran(

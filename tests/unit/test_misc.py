@@ -125,3 +125,14 @@ def test_sqlite_claim_and_start_keeps_every_condition_of_the_claim_and_the_start
         x.replace("execution_id = ?5", "execution_id = json_extract(?7, '$[' || c.n || ']')") for x in items["start"]
     }
     assert items["both"] == items["claim"] | items["start"]
+
+
+def test_offers_matches_as_written_or_by_a_whole_category() -> None:
+    from tenure.contracts.profile import offers
+
+    assert offers([], [])
+    assert offers(["text/*"], ["text/summarize", "text/translate"])
+    assert not offers(["text/*"], ["image/ocr"])
+    assert not offers(["text/*"], ["text"])  # a flat tag is not its category
+    assert offers(["gpu", "text/*"], ["gpu", "text/x"]) and not offers(["text/*"], ["gpu"])
+    assert offers(["text/summarize"], ["text/summarize"]) and not offers(["text/summarize"], ["text/translate"])

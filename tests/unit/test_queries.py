@@ -16,6 +16,7 @@ from tenure.contracts.states import JobState
 from tenure.contracts.types import Fence, Finish
 
 _USE = re.compile(r"""\bQ\[["']([a-z_][a-z0-9_]*)["']\]""")
+_PER_STATE = re.compile(r"""\bper_state\(Q, \(([^)]*)\)\)""")  # queries filled in per state (_state_pages.py)
 
 
 def _used(dialect: str, sql_file: str) -> set[str]:
@@ -25,7 +26,9 @@ def _used(dialect: str, sql_file: str) -> set[str]:
     for entry in resources.files(f"tenure.backends.{dialect}").iterdir():
         own = {"insights.py": "insights.sql", "audit.py": "audit.sql"}.get(entry.name, "queries.sql")
         if entry.name.endswith(".py") and own == sql_file:
-            used |= set(_USE.findall(entry.read_text(encoding="utf-8")))
+            text = entry.read_text(encoding="utf-8")
+            used |= set(_USE.findall(text))
+            used |= {n for names in _PER_STATE.findall(text) for n in re.findall(r"[a-z_]+", names)}
     return used
 
 

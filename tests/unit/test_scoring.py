@@ -93,6 +93,12 @@ def test_only_live_workers_of_the_agent_with_every_requirement_are_candidates() 
     assert [c.worker_id for c in rank(workers, "a", ("text/summarize",), ())[0]] == ["ok"]
 
 
+def test_a_category_offered_whole_makes_a_candidate_as_it_claims() -> None:
+    whole = worker("whole", capabilities=("text/*",))
+    flat = worker("flat", capabilities=("text",))
+    assert [c.worker_id for c in rank([whole, flat], "a", ("text/summarize",), ())[0]] == ["whole"]
+
+
 def test_ties_go_to_the_smaller_worker_id() -> None:
     d = decide([worker("w2"), worker("w1"), worker("w3")], "a", ())
     assert [c.worker_id for c in d.candidates] == ["w1", "w2", "w3"]

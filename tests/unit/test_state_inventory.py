@@ -30,13 +30,13 @@ SCOPED = "scoped"
 _METRICS = (
     "BLOCKING_COMPLETED", "BLOCKING_FAILED_CLOSED", "BLOCKING_REJECTED", "CLAIM_FAILURES", "DEGRADED", "HEARTBEATS_LATE",
     "JOBS_DEAD", "JOBS_FINISHED", "JOBS_LOST", "LOOP_STALLS", "QUOTA_FAIL_OPEN", "QUOTA_REJECTED", "RETRIES",
-    "SWEEPS", "WORKERS_LOST",
+    "SOFT_TIMEOUTS", "SWEEPS", "WORKERS_LOST",
 )  # fmt: skip
 
 _METRICS = (
     "BLOCKING_COMPLETED", "BLOCKING_FAILED_CLOSED", "BLOCKING_REJECTED", "CLAIM_FAILURES", "DEGRADED", "HEARTBEATS_LATE",
     "JOBS_DEAD", "JOBS_FINISHED", "JOBS_LOST", "LOOP_STALLS", "QUOTA_FAIL_OPEN", "QUOTA_REJECTED", "RETRIES",
-    "SWEEPS", "WORKERS_LOST",
+    "SOFT_TIMEOUTS", "SWEEPS", "WORKERS_LOST",
 )  # fmt: skip
 
 ALLOWED: dict[str, str] = {
@@ -45,6 +45,9 @@ ALLOWED: dict[str, str] = {
     "tenure.worker.audit.ExecutionAudit._steps": ROW,
     "tenure.worker.audit.ExecutionAudit._used": ROW,
     "tenure.worker.children.ExecutionChildren.spawned": ROW,
+    "tenure.worker.record.Record.durations": ROW,
+    "tenure.worker.timeouts.DurationWindow._order": ROW,
+    "tenure.worker.timeouts.DurationWindow._sorted": ROW,
     "tenure.worker.completer.Completer._records": ROW,
     "tenure.backends.postgres.signals.PostgresSignals._notices": ROW,
     "tenure.backends.redis.ready_index.RedisReadyIndex._groups": ROW,
@@ -99,6 +102,7 @@ ALLOWED: dict[str, str] = {
     # -- constants: built at import (or construction) and never changed
     "tenure.backends.postgres.channel._SETTINGS": CONSTANT,
     "tenure.contracts.states.TRANSITIONS": CONSTANT,
+    "tenure.backends.sqlite._state_pages.STATE_PAGES": CONSTANT,
     "tenure.control.admission.Admission.agents": CONSTANT,
     "tenure.control.json_input._CONTAINERS": CONSTANT,
     "tenure.control.quotas.QuotaManager.specs": CONSTANT,

@@ -42,6 +42,14 @@ def parse_capabilities(text: str | Iterable[str], what: str = "--capabilities") 
     return _parse(text, _CAPABILITY, what, "category/subcategory (text/summarize), category/* or a flat tag")
 
 
+def offers(capabilities: Iterable[str], requires: Iterable[str]) -> bool:
+    """Whether a worker offering `capabilities` may run a job that `requires` these: each one offered as written,
+    or its category offered whole (`text/*` offers `text/summarize`; a flat tag only as written). The claim
+    queries of both stores apply the same rule (backends/*/queries.sql, `claim_jobs`)."""
+    caps = set(capabilities)
+    return all(r in caps or ("/" in r and r.split("/", 1)[0] + "/*" in caps) for r in requires)
+
+
 def parse_features(text: str | Iterable[str], what: str = "--features") -> tuple[str, ...]:
     """`gpu,long` as a sorted tuple, or `ConfigError` naming `what`."""
     return _parse(text, _FEATURE, what, "a name of letters, digits and _.:- (gpu, long)")

@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, Literal
 
 from tenure.contracts.children import ChildJob
 from tenure.contracts.errors import IdempotencyConflict
@@ -84,10 +84,13 @@ class AgentSpec:
     budget: tuple[tuple[str, float], ...] = ()
     """The default budget of its jobs, (limit, amount) pairs; a job's own budget overrides it limit by limit
     (`contracts.audit.job_budget`, docs/budgets.md)."""
-    # Routing (docs/routing.md): features its jobs prefer (merged with a job's own `prefers`), and the weights of
-    # the score (load, success rate, latency); None: the default weights of control/scoring.py.
-    prefers: frozenset[str] = frozenset()
-    route_weights: tuple[float, float, float] | None = None
+    # Timeouts a worker applies on its own (worker/timeouts.py, docs/routing.md): seconds; None, the defaults
+    # learned from the agent's recent durations on that worker (soft: p95; hard: 2 x p99 within the floor and the
+    # job's `timeout_s`); False, none (soft) or only the job's `timeout_s` (hard).
+    soft_timeout_s: float | Literal[False] | None = None
+    hard_timeout_s: float | Literal[False] | None = None
+    prefers: frozenset[str] = frozenset()  # routing (docs/routing.md): features its jobs prefer, merged with theirs
+    route_weights: tuple[float, float, float] | None = None  # the score's (load, success, latency); None: default
 
 
 MULTITASK = ("enqueue", "reject", "interrupt", "drop_queued")
@@ -130,8 +133,7 @@ class NewJob:
     parent_job_id: str | None = None
     parent_execution_id: str | None = None
     parent_fence: Fence | None = None  # the spawning execution's fence: checked in the enqueue's transaction
-    # Routing (docs/routing.md): the worker admission preferred, how long only it may claim the job (seconds from
-    # the insert, the store's clock), and the explanation (compact JSON, control/scoring.py). None: no preference.
+    # Routing (docs/routing.md): the preferred worker, its grace (s from the insert), the explanation (JSON).
     preferred_worker: str | None = None
     preferred_grace_s: float | None = None
     route_json: str | None = None

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from tenure.contracts.children import ChildJob
 from tenure.contracts.errors import InvalidRequest, NotFound
-from tenure.contracts.profile import claim_tags
+from tenure.contracts.profile import claim_tags, offers
 from tenure.contracts.states import JobState, WorkerState
 from tenure.contracts.store import Store
 from tenure.contracts.text import dumps
@@ -96,7 +96,7 @@ class JobsService:
         capable = [
             w for w in workers
             if w.state is not WorkerState.GONE and job.agent in w.agents
-            and set(job.requires) <= set(claim_tags(w.capabilities, w.features))
+            and offers(claim_tags(w.capabilities, w.features), job.requires)
         ]  # fmt: skip
         if not capable:
             needs = f" with capabilities {', '.join(job.requires)}" if job.requires else ""

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from tenure.contracts.profile import FEATURE_TAG
+from tenure.contracts.profile import FEATURE_TAG, offers
 from tenure.contracts.states import WorkerState
 from tenure.contracts.types import WorkerInfo
 
@@ -97,15 +97,10 @@ def limit_ms_of(timeout_s: float | None) -> float:
     return DEFAULT_LIMIT_MS if timeout_s is None else timeout_s * 1000.0
 
 
-def _offers(w: WorkerInfo, need: Iterable[str]) -> bool:
-    """Whether `w` claims a job requiring `need`: each tag among its capabilities, or `feature:F` with F among its
-    features (contracts/profile.py `claim_tags`, without building the set per job)."""
-    for tag in need:
-        if tag in w.capabilities:
-            continue
-        if not (tag.startswith(FEATURE_TAG) and tag[len(FEATURE_TAG) :] in w.features):
-            return False
-    return True
+def _offers(w: WorkerInfo, caps: Sequence[str], features: Sequence[str]) -> bool:
+    """Whether `w` claims a job requiring `caps` (matched as the claim does, `text/*` offering `text/summarize`:
+    contracts/profile.py `offers`) and, as `feature:F` tags, `features` (contracts/profile.py `claim_tags`)."""
+    return offers(w.capabilities, caps) and all(f in w.features or FEATURE_TAG + f in w.capabilities for f in features)
 
 
 def rank(
@@ -124,12 +119,14 @@ def rank(
     snapshot `workers` was read. Each is scored as plain numbers; only the candidates kept become `Candidate`s
     (at 1,000 workers, building and serialising every one cost more than the choice itself)."""
     need = tuple(requires)
+    caps = [t for t in need if not t.startswith(FEATURE_TAG)]
+    features = [t[len(FEATURE_TAG) :] for t in need if t.startswith(FEATURE_TAG)]
     wanted = sorted(set(prefers))
     routed = routed or {}
     active = WorkerState.ACTIVE  # (an enum member looked up once, not once per worker)
     scored = []
     for w in workers:
-        if w.state is not active or agent not in w.agents or (need and not _offers(w, need)):
+        if w.state is not active or agent not in w.agents or (need and not _offers(w, caps, features)):
             continue
         busy = w.in_flight + routed.get(w.id, 0)
         load = min(busy / w.concurrency, 1.0) if w.concurrency > 0 else 1.0

@@ -11,10 +11,11 @@ A plain `def` handler is run through the blocking-call adapter, never on the eve
 from __future__ import annotations
 
 import inspect
+import math
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from tenure.contracts.audit import check_budget
 from tenure.contracts.errors import ConfigError
@@ -45,6 +46,15 @@ def check_tags(tags: Iterable[str], what: str) -> frozenset[str]:
     return out
 
 
+def _timeout_setting(value: object, agent: str, what: str) -> float | Literal[False] | None:
+    """`soft_timeout=` / `hard_timeout=`: positive seconds, False (off), or None / 0 (the learned default)."""
+    if value is None or value is False:
+        return value
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+        raise ConfigError(f"agent {agent!r}: {what} must be a positive number of seconds, 0, None or False, not {value!r}")
+    return None if value == 0 else float(value)
+
+
 class Tenure:
     """An application: a named set of agents that workers run and gateways admit."""
 
@@ -69,6 +79,8 @@ class Tenure:
         degrade_to: str | None = None,
         modes: Iterable[str] = (),
         budget: Mapping[str, float] | None = None,
+        soft_timeout: float | Literal[False] | None = None,
+        hard_timeout: float | Literal[False] | None = None,
         prefers: Iterable[str] = (),
         route_weights: Iterable[float] | None = None,
     ) -> Callable[[Handler], Handler]:
@@ -87,7 +99,12 @@ class Tenure:
         `modes`: the modes a job may ask for, best first; the handler reads `ctx.mode`.
         See docs/scheduling.md. `budget`: the default limits of its jobs, the keys of a job's `budget=` on submit
         (`tool_calls`, `tokens`, `cost`, `wall_s`); a job's own budget overrides them limit by limit
-        (docs/budgets.md). `prefers`: features a worker offering them is preferred for (a bonus to its score,
+        (docs/budgets.md). `soft_timeout`: seconds after which a worker logs and counts a still-running execution
+        (`tenure_soft_timeouts_total`) without interrupting it; None or 0: the p95 of the agent's recent durations
+        on that worker; False: none. `hard_timeout`: seconds after which the handler is cancelled and the attempt
+        fails `timeout`, never past the job's `timeout`; None or 0: 2 x the p99 of recent durations, within
+        TENURE_HARD_TIMEOUT_FLOOR_S and `timeout` (nothing derived without a `timeout`); False: only `timeout`.
+        `prefers`: features a worker offering them is preferred for (a bonus to its score,
         merged with a job's own `prefers`); `route_weights`: the weights of the routing score (load, success rate,
         latency; three non-negative numbers, not all 0; default 0.4, 0.4, 0.2). See docs/routing.md.
         """
@@ -113,6 +130,10 @@ class Tenure:
             if max_queued is not None and max_queued < 0:
                 raise ConfigError(f"agent {agent_name!r}: max_queued must be at least 0")
             default_budget = () if budget is None else check_budget(budget, f"agent {agent_name!r}")
+            soft_s = _timeout_setting(soft_timeout, agent_name, "soft_timeout")
+            hard_s = _timeout_setting(hard_timeout, agent_name, "hard_timeout")
+            if isinstance(hard_s, float) and timeout is not None and hard_s > timeout:
+                raise ConfigError(f"agent {agent_name!r}: hard_timeout ({hard_s:g}) is past its timeout ({timeout:g})")
             preferred = frozenset(parse_features(prefers, f"agent {agent_name!r}: prefers"))
             weights = None if route_weights is None else check_route_weights(route_weights, agent_name)
             spec = AgentSpec(
@@ -129,6 +150,8 @@ class Tenure:
                 degrade_to=degrade_to,
                 modes=mode_names,
                 budget=default_budget,
+                soft_timeout_s=soft_s,
+                hard_timeout_s=hard_s,
                 prefers=preferred,
                 route_weights=weights,
             )

@@ -116,6 +116,11 @@ DEGRADED = Counter(
     ["agent", "reason"],
 )
 RETRIES = Counter("tenure_retries_total", "Executions that failed and were scheduled again", ["agent"])
+SOFT_TIMEOUTS = Counter(
+    "tenure_soft_timeouts_total",
+    "Executions that ran past their soft timeout (counted once each; never interrupted; docs/routing.md)",
+    ["agent"],
+)
 JOBS_DEAD = Counter("tenure_jobs_dead_total", "Jobs dead after their last attempt", ["agent"])
 JOBS_LOST = Counter("tenure_jobs_lost_total", "Running jobs whose owner stopped renewing its claim (marked by the sweeper)")
 JOBS = Gauge("tenure_jobs", "Jobs in the store by state", ["state"], multiprocess_mode="livemax")

@@ -76,6 +76,9 @@ class WorkerConfig:
     # claiming nothing new for the cool-down; then it is `active` again.
     unhealthy_after: int = 3
     unhealthy_cooldown_s: float = 60.0
+    # Timeouts (worker/timeouts.py): the least a hard timeout derived from an agent's p99 may be (it is never past
+    # the job's `timeout_s`). 60 s: a burst of quick runs must not make a merely slow one fail.
+    hard_timeout_floor_s: float = 60.0
     # Routing (TENURE_ROUTE_GRACE_MS, docs/routing.md): a wake-up whose claim found nothing (the new job may be
     # another worker's for its grace) is followed by one more claim this long after, not a whole poll later.
     route_grace_ms: int = 200

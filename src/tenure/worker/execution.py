@@ -54,6 +54,7 @@ from tenure.worker.faults import Faults
 from tenure.worker.observe import WorkerObserver
 from tenure.worker.outcomes import HandlerTimeout, Outcome, outcome_of
 from tenure.worker.slots import Slots
+from tenure.worker.timeouts import timeouts_for, wait_within
 
 log = logging.getLogger("tenure.worker")
 T = TypeVar("T")
@@ -120,6 +121,8 @@ class Execution:
         self.attempt = started.attempt
         self._on_end = on_end
         self.seq = 1  # seq 1 is execution.started, written by the start CAS
+        self.emitted = False  # the handler emitted an event (the first one is timed: tenure_first_event_seconds)
+        self.paused = False  # it was `waiting` once: its timeouts are the job's timeout_s alone (worker/timeouts.py)
         self.lost = False
         self.finishing = False
         self.closed = False  # the execution ended (or abandoned its handler): its port writes nothing more
@@ -225,8 +228,9 @@ class Execution:
             if matched and finish.state is JobState.CANCELLED:
                 await self.children.cancel_unfinished()  # spawned after the cancel's own cascade read them
             env.observer.finished(
-                claim, self.execution_id, finish.state, finish.error_code, time.monotonic() - began, matched
-            )
+                claim, self.execution_id, finish.state, finish.error_code, time.monotonic() - began, matched,
+                timed=not self.paused,
+            )  # fmt: skip
             if not matched and not self.lost:
                 log.warning("finish of job %s matched no row: ownership was lost", claim.fence.job_id)
         except asyncio.CancelledError:
@@ -313,16 +317,28 @@ class Execution:
             _call_handler(self.agent, ctx, payload, env.adapter), name=f"handler-{claim.fence.job_id}"
         )
         self.handler = handler
+        window = env.observer.record.durations.get(claim.agent)
+        limits = timeouts_for(self.agent.spec, window, claim.timeout_s, env.config.hard_timeout_floor_s)
         try:
-            done, _ = await asyncio.wait({handler}, timeout=claim.timeout_s)
+            passed = await wait_within(handler, limits, self._soft_timed_out, lambda: self.paused)
         except asyncio.CancelledError:
             await self._stop_handler(handler)
             raise
-        if not done:
+        if passed is not None:
             env.observer.timed_out()  # counted now, before its slot frees: health acts before the next claim
             stopped = await self._stop_handler(handler)
-            raise HandlerTimeout(claim.timeout_s, stopped, env.config.cancel_grace_s)
+            raise HandlerTimeout(passed, stopped, env.config.cancel_grace_s)
         return handler.result()
+
+    def _soft_timed_out(self, elapsed_s: float, threshold_s: float) -> None:
+        """Past the soft timeout: logged and counted, and an `execution.soft_timeout` event joins the history
+        through the batched writer, like the handler's own. The handler goes on."""
+        self.env.observer.soft_timed_out(self.claim, self.execution_id, elapsed_s, threshold_s)
+        if self.lost or self.closed or self.finishing:
+            return
+        self.seq += 1
+        payload = dumps({"elapsed_s": round(elapsed_s, 3), "threshold_s": round(threshold_s, 3)})
+        self.env.completer.append(NewEvent(self.fence, self.execution_id, self.seq, "execution.soft_timeout", payload))
 
     async def _stop_handler(self, handler: asyncio.Task[Any]) -> bool:
         """Cancel the handler (again every second: cleanup code may swallow one cancellation) until it ends or
@@ -359,7 +375,8 @@ class Execution:
     async def emit(self, type: str, payload_json: str) -> None:
         if self.lost or self.closed:
             self.check()
-        if self.seq == 1:
+        if not self.emitted:
+            self.emitted = True
             self.env.observer.first_event(self.fence.job_id, self.agent.spec.name)
         self.seq += 1
         self.env.completer.append(NewEvent(self.fence, self.execution_id, self.seq, type, payload_json))
@@ -435,6 +452,7 @@ class Execution:
         both are taken back before the block's end is written as `job.resumed` with the payload the block left
         in the dict it was given. A block that raises leaves the job to its finish."""
         await self._set_waiting(True, why)
+        self.paused = True
         await self.pause_quotas()  # waiting holds no quota lease either (seed 003: pause / resume)
         self.env.slots.free()  # waiting holds no worker slot
         resumed: dict[str, Any] = {}

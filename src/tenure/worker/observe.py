@@ -226,6 +226,25 @@ class WorkerObserver:
         """One model or tool call, timed by `ctx.external(kind)`."""
         m.EXTERNAL.labels(agent, kind).observe(seconds)
 
+    def soft_timed_out(self, claim: Claim, execution_id: str, elapsed_s: float, threshold_s: float) -> None:
+        """An execution ran past its soft timeout and goes on: one line and `tenure_soft_timeouts_total{agent}`."""
+        m.SOFT_TIMEOUTS.labels(claim.agent).inc()
+        log.warning(
+            "job %s still running after %.3f s, past its soft timeout of %.3f s (not interrupted)",
+            claim.fence.job_id,
+            elapsed_s,
+            threshold_s,
+            extra={
+                "job_id": claim.fence.job_id,
+                "execution_id": execution_id,
+                "worker_id": self.worker_id,
+                "agent": claim.agent,
+                "epoch": claim.fence.epoch,
+                "elapsed_s": round(elapsed_s, 3),
+                "threshold_s": round(threshold_s, 3),
+            },
+        )
+
     def timed_out(self) -> None:
         """An execution ran past its hard timeout (its finish follows): its worker's record counts it now."""
         self.record.timed_out()
@@ -238,8 +257,11 @@ class WorkerObserver:
         error_code: str | None,
         duration_s: float,
         matched: bool,
+        *,
+        timed: bool = True,
     ) -> None:
-        """One line and the counters for an execution's end (`state` SCHEDULED means a retry)."""
+        """One line and the counters for an execution's end (`state` SCHEDULED means a retry). `timed` False:
+        it paused (waiting on a person or on children), so its duration judges no later run's timeouts."""
         job_id = claim.fence.job_id
         self._started_mono.pop(job_id, None)
         fields = {
@@ -255,7 +277,7 @@ class WorkerObserver:
         if not matched:
             log.warning("job finish not recorded: ownership was lost", extra=fields)
             return
-        self.record.finished(state, error_code, duration_s)
+        self.record.finished(state, error_code, duration_s, claim.agent if timed else None)
         if state is JobState.SCHEDULED:
             m.RETRIES.labels(claim.agent).inc()
             log.info("job failed, retry scheduled", extra=fields)

@@ -11,10 +11,10 @@ from tenure.contracts.text import describe_error
 
 # -- what an end writes ------------------------------------------------------------------------------------------
 class HandlerTimeout(Exception):
-    """The handler ran past its agent's timeout (and was stopped, or abandoned when it ignored that)."""
+    """The handler ran past its hard timeout (and was stopped, or abandoned when it ignored that)."""
 
     def __init__(self, timeout_s: float | None, stopped: bool, grace_s: float) -> None:
-        text = f"the handler ran longer than {timeout_s}s"
+        text = "the handler ran longer than " + ("its timeout" if timeout_s is None else f"{timeout_s:.6g}s")
         if not stopped:
             text += f" and ignored its cancellation for {grace_s:g}s (abandoned)"
         super().__init__(text)

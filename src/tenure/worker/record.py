@@ -7,6 +7,8 @@ written with its heartbeat (no round trip of its own):
     consecutive_timeouts  hard timeouts (the agent's `timeout=`) in a row, counted the moment the handler is
                           stopped (before its slot frees, so that health.py can stop claims first); any other
                           finish resets it
+    durations             per agent, a `DurationWindow` of its last 200 successful durations (worker/timeouts.py):
+                          the p95 and p99 its soft and derived hard timeouts come from; kept here, not sent
 
 Only finishes whose CAS matched feed the EWMAs: a finish that lost ownership was not this worker's to record.
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 from tenure.contracts.profile import WorkerRecord
 from tenure.contracts.states import JobState
+from tenure.worker.timeouts import DurationWindow
 
 SUCCESS_WEIGHT = 0.1
 LATENCY_WEIGHT = 0.2
@@ -30,13 +33,20 @@ class Record:
         self.finishes = 0  # changes counted (finishes and timeouts), to know when to send the record
         self._sent = -1  # `finishes` when the last snapshot was taken
         self.streaks_broken = 0  # how many times a streak of timeouts was ended by another finish (health.py)
+        self.durations: dict[str, DurationWindow] = {}  # by agent: recent successful durations
 
-    def finished(self, state: JobState, error_code: str | None, duration_s: float) -> None:
-        """Count one finish that committed (`state` SCHEDULED: failed, a retry was scheduled)."""
+    def finished(self, state: JobState, error_code: str | None, duration_s: float, agent: str | None = None) -> None:
+        """Count one finish that committed (`state` SCHEDULED: failed, a retry was scheduled); a success of
+        `agent` also joins its duration window."""
         if state is JobState.CANCELLED:
             return
         self.finishes += 1
         ok = 1.0 if state is JobState.SUCCEEDED else 0.0
+        if ok and agent is not None:
+            window = self.durations.get(agent)
+            if window is None:
+                window = self.durations[agent] = DurationWindow()
+            window.add(duration_s)
         ms = duration_s * 1000.0
         self.success_rate = (
             ok if self.success_rate is None else self.success_rate + SUCCESS_WEIGHT * (ok - self.success_rate)

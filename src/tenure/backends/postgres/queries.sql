@@ -159,7 +159,9 @@ SELECT id::text, tenant, agent, input::text, priority, requires, state, owner, e
 WITH candidates AS (
     SELECT id, ctid FROM jobs
      WHERE state = 'queued' AND owner IS NULL AND NOT key_wait
-       AND agent = ANY($2::text[]) AND requires <@ $3::text[]
+       AND agent = ANY($2::text[]) AND (requires <@ $3::text[] OR NOT EXISTS (
+                 SELECT 1 FROM unnest(requires) AS r
+                  WHERE r <> ALL($3::text[]) AND (strpos(r, '/') = 0 OR split_part(r, '/', 1) || '/*' <> ALL($3::text[]))))
        AND (deadline IS NULL OR deadline > now())
        AND (preferred_worker IS NULL OR preferred_worker = $1 OR preferred_until <= now())
      ORDER BY priority DESC, fair_at, id
@@ -224,7 +226,9 @@ BEGIN
     WITH candidates AS (
         SELECT id, ctid FROM jobs
          WHERE state = 'queued' AND owner IS NULL AND NOT key_wait
-           AND agent = ANY(p_agents) AND requires <@ p_caps
+           AND agent = ANY(p_agents) AND (requires <@ p_caps OR NOT EXISTS (
+                 SELECT 1 FROM unnest(requires) AS r
+                  WHERE r <> ALL(p_caps) AND (strpos(r, '/') = 0 OR split_part(r, '/', 1) || '/*' <> ALL(p_caps))))
            AND (deadline IS NULL OR deadline > now())
            AND (preferred_worker IS NULL OR preferred_worker = p_worker OR preferred_until <= now())
          ORDER BY priority DESC, fair_at, id

@@ -1,7 +1,8 @@
 -- Tenure's read side on SQLite (contracts/insights.py): the same questions and names as PostgreSQL's.
 -- Each filter combination has a query of its own, so each is planned for the index that serves it
--- (jobs_tenant_id, jobs_state_id and jobs_tenant_state_id on lower(state), the primary key); see migrations/0003_insights.sql
--- and 0007_state_index.sql.
+-- (jobs_tenant_id, the primary key, and for a state the partial index of its kind: `{state_index}` and its
+-- condition `{state_served}` are filled in per kind by insights.py, STATE_PAGES); see migrations/0003_insights.sql
+-- and 0010_state_pages.sql.
 
 -- name: job_page --
 -- Newest jobs of every tenant before a cursor (the primary key, backwards).
@@ -56,13 +57,13 @@ SELECT min(id), count(*) FROM (
 )
 
 -- name: job_page_state --
--- Newest jobs in state ?5 before a cursor (jobs_state_id).
+-- Newest jobs in state ?5 before a cursor (the state's index).
 -- The window is the next ?2 ids before ?1 on the index (the caller passes the greatest id for the first page, so
 -- the cursor is always a range of the index); the agent (?3, optional) filters inside it only.
 WITH w AS (
-    SELECT id FROM jobs
+    SELECT id FROM jobs INDEXED BY {state_index}
      WHERE id < ?1
-       AND lower(state) = ?5
+       AND {state_served} AND lower(state) = ?5
      ORDER BY id DESC LIMIT ?2
 )
 SELECT j.id, j.tenant, j.agent, j.state, j.priority, j.epoch, j.attempts, j.max_attempts, j.owner,
@@ -76,20 +77,20 @@ SELECT j.id, j.tenant, j.agent, j.state, j.priority, j.epoch, j.attempts, j.max_
 -- name: job_page_state_edge --
 -- The oldest id of the window of job_page_state and its size (where a short page with an agent filter stopped).
 SELECT min(id), count(*) FROM (
-    SELECT id FROM jobs
+    SELECT id FROM jobs INDEXED BY {state_index}
      WHERE id < ?1
-       AND lower(state) = ?3
+       AND {state_served} AND lower(state) = ?3
      ORDER BY id DESC LIMIT ?2
 )
 
 -- name: job_page_tenant_state --
--- Newest jobs of tenant ?5 in state ?6 before a cursor (jobs_tenant_state_id).
+-- Newest jobs of tenant ?5 in state ?6 before a cursor (the state's tenant index).
 -- The window is the next ?2 ids before ?1 on the index (the caller passes the greatest id for the first page, so
 -- the cursor is always a range of the index); the agent (?3, optional) filters inside it only.
 WITH w AS (
-    SELECT id FROM jobs
+    SELECT id FROM jobs INDEXED BY {state_tenant_index}
      WHERE id < ?1
-       AND tenant = ?5 AND lower(state) = ?6
+       AND {state_served} AND tenant = ?5 AND lower(state) = ?6
      ORDER BY id DESC LIMIT ?2
 )
 SELECT j.id, j.tenant, j.agent, j.state, j.priority, j.epoch, j.attempts, j.max_attempts, j.owner,
@@ -103,9 +104,9 @@ SELECT j.id, j.tenant, j.agent, j.state, j.priority, j.epoch, j.attempts, j.max_
 -- name: job_page_tenant_state_edge --
 -- The oldest id of the window of job_page_tenant_state and its size (where a short page with an agent filter stopped).
 SELECT min(id), count(*) FROM (
-    SELECT id FROM jobs
+    SELECT id FROM jobs INDEXED BY {state_tenant_index}
      WHERE id < ?1
-       AND tenant = ?3 AND lower(state) = ?4
+       AND {state_served} AND tenant = ?3 AND lower(state) = ?4
      ORDER BY id DESC LIMIT ?2
 )
 
@@ -138,14 +139,14 @@ SELECT j.id, j.tenant, j.agent, j.state, j.priority, j.epoch, j.attempts, j.max_
  WHERE j.owner IS NOT NULL AND j.execution_id IN (SELECT value FROM json_each(?1))
 
 -- name: count_by_state --
--- Jobs per state of the JSON array ?2, each count stopping at ?1 (jobs_state_id).
-SELECT s.value, (SELECT count(*) FROM (SELECT 1 FROM jobs AS j WHERE lower(j.state) = s.value LIMIT ?1)) AS n
-  FROM json_each(?2) AS s
+-- Jobs in state ?2, the count stopping at ?1 (the state's index; count_by_state runs it per state).
+SELECT count(*) FROM (SELECT 1 FROM jobs INDEXED BY {state_index} WHERE {state_served} AND lower(state) = ?2 LIMIT ?1)
 
 -- name: count_by_state_tenant --
--- Jobs of tenant ?3 per state of the JSON array ?2, each count stopping at ?1 (jobs_tenant_state_id).
-SELECT s.value, (SELECT count(*) FROM (SELECT 1 FROM jobs AS j WHERE j.tenant = ?3 AND lower(j.state) = s.value LIMIT ?1)) AS n
-  FROM json_each(?2) AS s
+-- Jobs of tenant ?3 in state ?2, the count stopping at ?1 (the state's tenant index).
+SELECT count(*) FROM (
+    SELECT 1 FROM jobs INDEXED BY {state_tenant_index}
+     WHERE {state_served} AND tenant = ?3 AND lower(state) = ?2 LIMIT ?1)
 
 -- name: finished_since --
 -- Jobs finished since ?1 per minute and state (jobs_finished covers the query).

@@ -61,16 +61,37 @@ SELECT j.preferred_worker, j.preferred_until, j.route,
   FROM jobs AS j WHERE j.id = ?1
 
 -- name: list_jobs --
--- Jobs matching optional tenant / state / agent filters, newest first, before an id cursor (the state on
--- lower(state): jobs_state_id serves a list of one state).
+-- Jobs matching optional tenant / agent filters, newest first, before an id cursor (a state filter takes
+-- list_jobs_state or list_jobs_tenant_state).
 SELECT id, tenant, agent, input, priority, requires, state, owner, epoch, execution_id, attempts, max_attempts,
        timeout_s, retry_safe, result, error_code, error_message, created_at, updated_at, claimed_at,
        claim_expires_at, execution_started_at, next_attempt_at, deadline, cancel_requested_at, finished_at,
           concurrency_key, key_wait, mode_requested, mode_effective, degraded_reason, parent_job_id,
           parent_execution_id
   FROM jobs
- WHERE (?1 IS NULL OR tenant = ?1) AND (?2 IS NULL OR lower(state) = ?2) AND (?3 IS NULL OR agent = ?3)
-   AND (?4 IS NULL OR id < ?4)
+ WHERE (?1 IS NULL OR tenant = ?1) AND (?3 IS NULL OR agent = ?3) AND (?4 IS NULL OR id < ?4)
+ ORDER BY id DESC LIMIT ?5
+
+-- name: list_jobs_state --
+-- The same of state ?2, on the state's partial index ({state_index}: _state_pages.py); ?1 is NULL.
+SELECT id, tenant, agent, input, priority, requires, state, owner, epoch, execution_id, attempts, max_attempts,
+       timeout_s, retry_safe, result, error_code, error_message, created_at, updated_at, claimed_at,
+       claim_expires_at, execution_started_at, next_attempt_at, deadline, cancel_requested_at, finished_at,
+          concurrency_key, key_wait, mode_requested, mode_effective, degraded_reason, parent_job_id,
+          parent_execution_id
+  FROM jobs INDEXED BY {state_index}
+ WHERE {state_served} AND lower(state) = ?2 AND ?1 IS NULL AND (?3 IS NULL OR agent = ?3) AND (?4 IS NULL OR id < ?4)
+ ORDER BY id DESC LIMIT ?5
+
+-- name: list_jobs_tenant_state --
+-- The same of tenant ?1 in state ?2, on the state's partial index led by the tenant.
+SELECT id, tenant, agent, input, priority, requires, state, owner, epoch, execution_id, attempts, max_attempts,
+       timeout_s, retry_safe, result, error_code, error_message, created_at, updated_at, claimed_at,
+       claim_expires_at, execution_started_at, next_attempt_at, deadline, cancel_requested_at, finished_at,
+          concurrency_key, key_wait, mode_requested, mode_effective, degraded_reason, parent_job_id,
+          parent_execution_id
+  FROM jobs INDEXED BY {state_tenant_index}
+ WHERE {state_served} AND tenant = ?1 AND lower(state) = ?2 AND (?3 IS NULL OR agent = ?3) AND (?4 IS NULL OR id < ?4)
  ORDER BY id DESC LIMIT ?5
 
 -- name: has_claimable --
@@ -91,7 +112,9 @@ UPDATE jobs
            AND agent IN (SELECT value FROM json_each(?2))
            AND (requires = '' OR NOT EXISTS (
                  SELECT 1 FROM json_each('["' || replace(requires, ',', '","') || '"]') AS r
-                  WHERE r.value NOT IN (SELECT value FROM json_each(?3))))
+                  WHERE r.value NOT IN (SELECT value FROM json_each(?3))
+                    AND (instr(r.value, '/') = 0
+                         OR substr(r.value, 1, instr(r.value, '/')) || '*' NOT IN (SELECT value FROM json_each(?3)))))
            AND (deadline IS NULL OR deadline > {now})
            AND (preferred_worker IS NULL OR preferred_worker = ?1 OR preferred_until <= {now})
          ORDER BY priority DESC, fair_at, id
@@ -113,7 +136,9 @@ WITH c AS (
            AND agent IN (SELECT value FROM json_each(?2))
            AND (requires = '' OR NOT EXISTS (
                  SELECT 1 FROM json_each('["' || replace(requires, ',', '","') || '"]') AS r
-                  WHERE r.value NOT IN (SELECT value FROM json_each(?3))))
+                  WHERE r.value NOT IN (SELECT value FROM json_each(?3))
+                    AND (instr(r.value, '/') = 0
+                         OR substr(r.value, 1, instr(r.value, '/')) || '*' NOT IN (SELECT value FROM json_each(?3)))))
            AND (deadline IS NULL OR deadline > {now})
            AND (preferred_worker IS NULL OR preferred_worker = ?1 OR preferred_until <= {now})
          ORDER BY priority DESC, fair_at, id
@@ -348,8 +373,10 @@ SELECT {now} AS now
 
 -- name: count_live_jobs --
 -- Unfinished jobs as (state, tenant, count) through the partial indexes only, never a scan of history:
--- the ready queue (queued, unclaimed) per tenant, owned jobs by state (tenant ''), scheduled retries.
-SELECT 'ready' AS kind, tenant, count(*) AS n FROM jobs WHERE state = 'queued' AND owner IS NULL GROUP BY tenant
+-- the ready queue (queued, unclaimed) per tenant, owned jobs by state (tenant ''), scheduled retries. The IN
+-- term is jobs_waiting_tenant's condition, repeated so that SQLite may read it (a partial index is used only then).
+SELECT 'ready' AS kind, tenant, count(*) AS n FROM jobs
+ WHERE state IN ('queued', 'scheduled') AND state = 'queued' AND owner IS NULL GROUP BY tenant
 UNION ALL
 SELECT state, '', count(*) FROM jobs WHERE owner IS NOT NULL GROUP BY state
 UNION ALL

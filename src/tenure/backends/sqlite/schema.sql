@@ -34,7 +34,7 @@ CREATE TABLE jobs (
     finished_at          REAL
 , concurrency_key TEXT, key_limit INTEGER NOT NULL DEFAULT 1, key_wait INTEGER NOT NULL DEFAULT 0, mode_requested TEXT, mode_effective TEXT, degraded_reason TEXT, fair_at REAL NOT NULL DEFAULT 0, parent_job_id TEXT, parent_execution_id TEXT, preferred_worker TEXT, preferred_until REAL, route TEXT) WITHOUT ROWID;
 CREATE UNIQUE INDEX jobs_idem ON jobs (tenant, idem_digest) WHERE idem_digest IS NOT NULL;
--- (the columns after finished_at were added by migrations 0006, 0009 and 0010, whose ALTER TABLE wrote them on one line)
+-- (the columns after finished_at were added by migrations 0006, 0009 and 0011, whose ALTER TABLE wrote them on one line)
 CREATE INDEX jobs_ready ON jobs (priority DESC, fair_at, id) WHERE state = 'queued' AND owner IS NULL AND key_wait = 0;
 CREATE INDEX jobs_tenant_turn ON jobs (tenant, priority, fair_at) WHERE state = 'queued' AND owner IS NULL AND key_wait = 0;
 CREATE INDEX jobs_owned ON jobs (owner, claim_expires_at) WHERE owner IS NOT NULL;
@@ -105,16 +105,20 @@ CREATE TABLE circuit_failures (
 );
 CREATE INDEX circuit_failures_key_ts ON circuit_failures (key, ts);
 
--- Admission caps count queued and scheduled jobs per tenant.
-CREATE INDEX jobs_waiting_tenant ON jobs (tenant) WHERE state IN ('queued', 'scheduled');
+-- Admission caps count queued and scheduled jobs per tenant; the dashboard lists them by tenant and state.
+CREATE INDEX jobs_waiting_tenant ON jobs (tenant, lower(state), id) WHERE state IN ('queued', 'scheduled');
 
 -- The dashboard's read side (contracts/insights.py, insights.sql): keyset pages of the jobs list per filter
 -- (the primary key serves the unfiltered list), and what finished in the last hour from the index alone.
 CREATE INDEX jobs_tenant_id ON jobs (tenant, id);
--- The state filters are on lower(state), an expression no statement of the job path uses, so that no claim,
--- start, finish or sweeper statement can choose them (migration 0010 / 0007 says what happened when they could).
-CREATE INDEX jobs_state_id ON jobs (lower(state), id);
-CREATE INDEX jobs_tenant_state_id ON jobs (tenant, lower(state), id);
+-- A state filter reads the partial index of its kind (insights.py STATE_PAGES; migration 0010): no index holds
+-- every job's state, so no transition writes one. On lower(state), an expression no statement of the job path
+-- uses, so no claim, start, finish or sweeper statement can choose them (migration 0007).
+CREATE INDEX jobs_done_state ON jobs (lower(state), id) WHERE finished_at IS NOT NULL;
+CREATE INDEX jobs_done_tenant_state ON jobs (tenant, lower(state), id) WHERE finished_at IS NOT NULL;
+CREATE INDEX jobs_waiting_state ON jobs (lower(state), id) WHERE state IN ('queued', 'scheduled');
+CREATE INDEX jobs_paused_state ON jobs (lower(state), id) WHERE state = 'waiting';
+CREATE INDEX jobs_paused_tenant_state ON jobs (tenant, lower(state), id) WHERE state = 'waiting';
 CREATE INDEX jobs_finished ON jobs (finished_at, state, tenant) WHERE finished_at IS NOT NULL;
 -- Retention of a tenant with its own (TENURE_TENANT_RETENTION_DAYS): its finished jobs, oldest first.
 CREATE INDEX jobs_tenant_finished ON jobs (tenant, finished_at, state) WHERE finished_at IS NOT NULL;

@@ -19,6 +19,7 @@ from tenure.backends.sqlite import keys
 from tenure.backends.sqlite._children import ChildReads
 from tenure.backends.sqlite._connection import NOW, Q, SqliteConnection, split_sql
 from tenure.backends.sqlite._registry import RegistryOps
+from tenure.backends.sqlite._state_pages import per_state
 from tenure.backends.sqlite._writes import claim_and_start_in, finish_in, start_in
 from tenure.backends.sqlite.audit import AuditWrites, edit_input, insert_budget
 from tenure.contracts.errors import IllegalTransition, NotFound
@@ -51,6 +52,8 @@ from tenure.contracts.types import (
 MIGRATIONS = load_migrations("tenure.backends.sqlite")  # read at import, never on the event loop
 _REQUEUEABLE = json.dumps(sorted(s.value for s in REQUEUEABLE))
 T = TypeVar("T")
+
+QS = per_state(Q, ("list_jobs_state", "list_jobs_tenant_state"))
 
 
 class SqliteStore(keys.SchedulingReads, AuditWrites, RegistryOps, ChildReads):
@@ -198,7 +201,11 @@ class SqliteStore(keys.SchedulingReads, AuditWrites, RegistryOps, ChildReads):
 
     async def list_jobs(self, flt: JobFilter) -> list[Job]:
         args = (flt.tenant, flt.state.value if flt.state else None, flt.agent, flt.before, flt.limit)
-        rows = await self._read(lambda db: db.execute(Q["list_jobs"], args).fetchall())
+        if flt.state is None:
+            sql = Q["list_jobs"]
+        else:
+            sql = QS["list_jobs_state" if flt.tenant is None else "list_jobs_tenant_state", flt.state]
+        rows = await self._read(lambda db: db.execute(sql, args).fetchall())
         return [_rows.job(r, _rows.comma_list) for r in rows]
 
     async def requeue(self, job_id: str, tenant: str | None = None, input_json: str | None = None) -> Job:
