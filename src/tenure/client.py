@@ -100,6 +100,8 @@ class Client:
         multitask: str | None = None,
         mode: str | None = None,
         budget: Mapping[str, float] | None = None,
+        prefers: Sequence[str] | None = None,
+        strict: bool = False,
     ) -> Admitted:
         """Admit a job: the job (the original one when the idempotency key was seen: `created` is False). A
         `reject` job of a busy concurrency key is a `GatewayError` 409 whose problem names `running_job_id`."""
@@ -113,6 +115,8 @@ class Client:
             ("multitask", multitask),
             ("mode", mode),
             ("budget", dict(budget) if budget is not None else None),
+            ("prefers", list(prefers) if prefers else None),
+            ("strict", True if strict else None),
         ):
             if v is not None:
                 body[k] = v

@@ -53,6 +53,8 @@ class LocalClient:
         mode: str | None = None,
         budget: Mapping[str, float] | None = None,
         allow_unregistered: bool = False,
+        prefers: Sequence[str] = (),
+        strict: bool = False,
     ) -> Admitted:
         """Admit one job: the job as admitted (the original one when the idempotency key was seen, `created`
         False). Over a queue cap raises `QueueFull`, while the agent's circuit is open `CircuitOpen`; a `reject`
@@ -61,7 +63,7 @@ class LocalClient:
         req = JobRequest(
             agent, input, priority, requires, deadline_s, max_attempts, idempotency_key, tenant,
             concurrency_key=concurrency_key, multitask=multitask, mode=mode, budget=budget,
-            allow_unregistered=allow_unregistered,
+            allow_unregistered=allow_unregistered, prefers=prefers, strict=strict,
         )  # fmt: skip
         return await self.service.submit(req)
 

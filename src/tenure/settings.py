@@ -149,6 +149,8 @@ class Settings:
                 sections.setdefault(section, {})[attr] = value
             else:
                 top[attr] = value
+            for other, other_attr in _ALSO.get(name, ()):
+                sections.setdefault(other, {})[other_attr] = value
         for section, changes in sections.items():
             top[section] = dataclasses.replace(getattr(self, section), **changes)
         return dataclasses.replace(self, **top)
@@ -176,6 +178,16 @@ def _pos_int(name: str, text: str) -> int:
         raise ConfigError(f"{name} must be a whole number, not {text!r}") from None
     if value < 1:
         raise ConfigError(f"{name} must be at least 1, not {value}")
+    return value
+
+
+def _nonneg_int(name: str, text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise ConfigError(f"{name} must be a whole number, not {text!r}") from None
+    if value < 0:
+        raise ConfigError(f"{name} must be at least 0, not {value}")
     return value
 
 
@@ -297,6 +309,7 @@ _TABLE: dict[str, tuple[str, str, Callable[[str, str], Any]]] = {
     "tenant_weights": ("limits", "tenant_weights", _weights),
     "tenant_budgets": ("limits", "tenant_budgets", lambda name, text: parse_tenant_budgets(text, name)),
     "allow_unregistered": ("limits", "allow_unregistered", _switch),
+    "route_grace_ms": ("limits", "route_grace_ms", _nonneg_int),
     "max_queued": ("gate", "max_queued", _pos_int),
     "max_queued_per_tenant": ("gate", "max_queued_per_tenant", _pos_int),
     "breaker_threshold": ("gate", "breaker_threshold", _pos_int),
@@ -322,6 +335,9 @@ _TABLE: dict[str, tuple[str, str, Callable[[str, str], Any]]] = {
     "metrics_port": ("", "metrics_port", _port),
     "quotas": ("", "quotas", lambda name, text: parse_quotas(text, name)),
 }
+# A variable read by more than one section: admission sets the routing grace, the worker looks again for a job
+# skipped for another worker's grace when that grace is over (worker/claiming.py).
+_ALSO: dict[str, tuple[tuple[str, str], ...]] = {"route_grace_ms": (("worker", "route_grace_ms"),)}
 VARIABLES = frozenset(_TABLE)
 """The names of every setting (TENURE_<NAME>), for the docs' check."""
 

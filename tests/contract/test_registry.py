@@ -81,14 +81,14 @@ async def test_registry_agents_are_those_of_live_workers_newest_first(store: Sto
     await store.register_worker(info(W1, ("summarize", "ocr"), agent_specs=specs_json(SPECS)))
     await store.register_worker(info(W2, ("translate",)))
     rows = await store.registry_agents()
-    assert {a for agents, _ in rows for a in agents} == {"summarize", "ocr", "translate"}
+    assert {a for w in rows for a in w.agents} == {"summarize", "ocr", "translate"}
     specs = {}
-    for agents, text in reversed(rows):  # oldest first, so the newest worker's spec wins
-        specs.update(specs_from_json(text, agents))
+    for w in reversed(rows):  # oldest first, so the newest worker's spec wins
+        specs.update(specs_from_json(w.agent_specs, w.agents))
     assert specs["summarize"] == SPECS["summarize"]
     assert specs["ocr"] == AgentSpec("ocr")  # served, no spec recorded: the defaults
     await store.set_worker_state(W2, WorkerState.GONE)
-    assert {a for agents, _ in await store.registry_agents() for a in agents} == {"summarize", "ocr"}
+    assert {a for w in await store.registry_agents() for a in w.agents} == {"summarize", "ocr"}
 
 
 async def test_admission_knows_the_agents_of_live_workers(store: Store) -> None:
@@ -123,9 +123,12 @@ async def test_the_registry_is_read_at_most_once_per_ttl_for_known_agents(store:
     await store.register_worker(info(W1, agent_specs=specs_json(SPECS)))
     now = [100.0]
     directory = AgentDirectory(store, clock=lambda: now[0])
+    off = Admission(store, {"local": AgentSpec("local")}, AdmissionLimits(route_grace_ms=0), directory=directory)
+    await off.admit(JobRequest("local", {}))
+    assert directory.reads == 0  # without routing, the app's own agents never read the registry
     door = Admission(store, {"local": AgentSpec("local")}, directory=directory)
     await door.admit(JobRequest("local", {}))
-    assert directory.reads == 0  # the app's own agents never read the registry
+    assert directory.reads == 1  # routing scores from the same snapshot: one read per TTL, whatever the agent
     for _ in range(5):
         await door.admit(JobRequest("summarize", {}))
     assert directory.reads == 1

@@ -29,9 +29,13 @@ JOB = Job(
 
 
 def keywords(schema: Any) -> set[str]:
-    """Every key used anywhere in a JSON Schema."""
+    """Every key used anywhere in a JSON Schema as a keyword (the names under `properties` are fields, e.g. the
+    job's `strict`, not keywords: their schemas are walked)."""
     if isinstance(schema, dict):
-        return set(schema) | {k for v in schema.values() for k in keywords(v)}
+        props = schema.get("properties")
+        props = props if isinstance(props, dict) else {}
+        values = [v for k, v in schema.items() if not (k == "properties" and props)] + list(props.values())
+        return set(schema) | {k for v in values for k in keywords(v)}
     if isinstance(schema, list):
         return {k for v in schema for k in keywords(v)}
     return set()

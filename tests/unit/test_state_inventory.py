@@ -60,6 +60,8 @@ ALLOWED: dict[str, str] = {
     "tenure.contracts.types._id_last": ROW,
     "tenure.control.admission.InFlight._pending": ROW,
     "tenure.control.directory.AgentDirectory._specs": ROW,
+    "tenure.control.directory.AgentDirectory.routed": ROW,
+    "tenure.control.routing.RouteChooser._quiet": ROW,
     "tenure.gateway.ui.labs.LabRunner._env": ROW,
     "tenure.gateway.ui.labs.LabRunner._runs": ROW,
     "tenure.gateway.ui.sessions.Sessions._keys": ROW,
@@ -112,6 +114,7 @@ ALLOWED: dict[str, str] = {
     "tenure.kernel.registry.Tenure._agents": CONSTANT,  # filled by decorators at import, read afterwards
     "tenure.kernel.registry.Tenure._warmups": CONSTANT,  # filled by @app.warmup at import, read afterwards
     "tenure.settings._TABLE": CONSTANT,
+    "tenure.settings._ALSO": CONSTANT,
     "tenure._LAZY": CONSTANT,  # the lazily loaded client side: name -> module
     "tenure.worker.claiming.OneStepClaimer._agents": CONSTANT,
     "tenure.worker.claiming.ReadyIndexHints._agents": CONSTANT,

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from tenure.backends._rules import KeyedJob
 from tenure.contracts.audit import StoredRecord
+from tenure.contracts.profile import JobRoute
 from tenure.contracts.states import JobState, WorkerState
 from tenure.contracts.types import Claim, Command, Event, Execution, Fence, Job, Started, WorkerInfo
 
@@ -166,6 +167,11 @@ def worker(r: Row, names: Names = array) -> WorkerInfo:
         drain_requested=bool(r["drain_requested"]),
         agent_specs=r["agent_specs"],
     )
+
+
+def job_route(r: Row) -> JobRoute:
+    """A `job_route` row."""
+    return JobRoute(r["preferred_worker"], r["preferred_until"], r["route"], r["claimed_by"], r["claimed_at"], r["now"])
 
 
 def stored_record(r: Row) -> StoredRecord:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from tenure.contracts.audit import AuditRecord, BudgetUse, StepRecord, StoredRecord
 from tenure.contracts.children import ChildJob
-from tenure.contracts.profile import WorkerRecord
+from tenure.contracts.profile import JobRoute, WorkerRecord
 from tenure.contracts.reports import AdmissionState, CircuitState, StoreHealth, WaitingInfo
 from tenure.contracts.states import WorkerState
 from tenure.contracts.store import JobStore, OffloadStats, Signals
@@ -111,6 +111,9 @@ class AfterCommit:
     async def list_jobs(self, flt: JobFilter) -> list[Job]:
         return await self.store.list_jobs(flt)
 
+    async def job_route(self, job_id: str) -> JobRoute | None:
+        return await self.store.job_route(job_id)
+
     async def requeue(self, job_id: str, tenant: str | None = None, input_json: str | None = None) -> Job:
         job = await self.store.requeue(job_id, tenant, input_json)  # raises unless it was requeued
         self.signals.jobs_changed()
@@ -189,7 +192,7 @@ class AfterCommit:
     async def request_drain(self, worker_id: str, timeout_s: float | None) -> WorkerInfo | None:
         return await self.store.request_drain(worker_id, timeout_s)
 
-    async def registry_agents(self) -> list[tuple[tuple[str, ...], str]]:
+    async def registry_agents(self) -> list[WorkerInfo]:
         return await self.store.registry_agents()
 
     # -- history -------------------------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from tenure.cli.jobs import (
     cmd_job,
     cmd_jobs,
     cmd_requeue,
+    cmd_route,
     cmd_submit,
     cmd_tail,
     cmd_workers,
@@ -81,6 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--idempotency-key", help="the same key with the same request returns the same job")
     sp.add_argument("--priority", type=int, help="0..100, higher runs first (default 0)")
     sp.add_argument("--requires", help="comma-separated capability tags a worker must have")
+    sp.add_argument("--prefers", help="comma-separated features a worker is preferred for (docs/routing.md)")
+    sp.add_argument("--strict", action="store_true", help="with --prefers: only a worker offering them all claims it")
     sp.add_argument("--deadline-s", type=float, help="queue deadline: expire if not started within (default 300)")
     sp.add_argument("--max-attempts", type=int, help="executions before the job is dead (default: the agent's)")
     sp.add_argument("--concurrency-key", help="at most the agent's key_limit jobs of this key run at once")
@@ -199,6 +202,14 @@ def build_parser() -> argparse.ArgumentParser:
     common(sp)
     sp.add_argument("--all", action="store_true", help="include workers that are gone")
     sp.set_defaults(fn=cmd_workers)
+
+    sp = sub.add_parser("route", help="how a job of AGENT would be routed now: every candidate's score by factor")
+    common(sp)
+    sp.add_argument("agent", metavar="AGENT", help="the agent")
+    sp.add_argument("--requires", help="comma-separated capability tags the job requires")
+    sp.add_argument("--prefers", help="comma-separated features the job prefers")
+    sp.add_argument("--strict", action="store_true", help="the preferred features are required")
+    sp.set_defaults(fn=cmd_route)
 
     sp = sub.add_parser("drain", help="ask a worker to drain: finish what it holds, claim nothing new, exit 0")
     common(sp)

@@ -63,6 +63,8 @@ async def cmd_submit(args: argparse.Namespace) -> int:
             mode=args.mode,
             budget=read_budget(args.budget),
             allow_unregistered=args.allow_unregistered,
+            prefers=args.prefers.split(",") if args.prefers else (),
+            strict=args.strict,
         )
         job_id = admitted.job.id
         if not args.wait:
@@ -103,6 +105,8 @@ async def _submit_via_gateway(args: argparse.Namespace, url: str, payload: Any) 
             multitask=args.multitask,
             mode=args.mode,
             budget=read_budget(args.budget),
+            prefers=args.prefers.split(",") if args.prefers else None,
+            strict=args.strict,
         )
         job_id = admitted.job.id
         if args.follow:
@@ -143,8 +147,10 @@ async def cmd_job(args: argparse.Namespace) -> int:
         job = await client.service.job_detail(args.id)
         executions = await client.store.list_executions(job.id)
         waiting = await client.service.waiting_reason(job)
+        route = await client.service.route(job)
         data = job.to_dict() | {
             "waiting_reason": waiting,
+            "route": route,
             "executions": [e.__dict__ if hasattr(e, "__dict__") else _slots(e) for e in executions],
         }
 
@@ -152,6 +158,8 @@ async def cmd_job(args: argparse.Namespace) -> int:
             print_job(job)
             if waiting is not None:
                 print(f"waiting    {waiting['kind']}: {waiting['detail']}")
+            if route is not None:
+                print(f"route      {route['why']}")
             for e in executions:
                 print(
                     f"execution  {e.id}  epoch {e.epoch}  {e.outcome:9}  worker {e.worker_id}  "
@@ -211,6 +219,45 @@ async def cmd_workers(args: argparse.Namespace) -> int:
                 )
 
         out(args, [w.to_dict() for w in workers], human)
+        return 0
+
+    return await with_client(args, go)
+
+
+async def cmd_route(args: argparse.Namespace) -> int:
+    """`tenure route AGENT`: the routing table of a job not yet submitted, from the live registry."""
+
+    async def go(client: LocalClient) -> int:
+        route = await client.service.route_preview(
+            args.agent,
+            args.requires.split(",") if args.requires else (),
+            args.prefers.split(",") if args.prefers else (),
+            args.strict,
+        )
+
+        def human() -> None:
+            w1, w2, w3 = route["weights"]
+            print(f"agent {args.agent}: weights load {w1:g}, success {w2:g}, latency {w3:g}; latency limit "
+                  f"{route['limit_ms']:g} ms; +{route['feature_bonus']:g} per preferred feature "
+                  f"({','.join(route['prefers']) or 'none'}{', strict' if route['strict'] else ''})")  # fmt: skip
+            print(f"{'WORKER':40}  {'SCORE':>7}  {'LOAD':>6}  {'SUCCESS':>7}  {'LATENCY':>9}  {'FREE':>4}  FEATURES")
+            for c in route["candidates"]:
+                latency = "-" if c["latency_ms"] is None else f"{c['latency_ms']:.0f} ms"
+                success = f"{c['success_rate']:.3f}" + ("" if c["recorded_success_rate"] is not None else "*")
+                print(
+                    f"{c['worker_id']:40}  {c['score']:>7.4f}  {c['load']:>6.3f}  {success:>7}  {latency:>9}  "
+                    f"{'yes' if c['free'] else 'no':>4}  {','.join(c['features']) or '-'}"
+                )
+            why = {
+                "preferred": f"preferred: {route['preferred_worker']}",
+                "only_candidate": "one candidate: no preference (nothing to choose)",
+                "no_free_slot": "no candidate has a free slot: no preference",
+                "no_candidate": "no live worker serves it with these requirements",
+            }[route["reason"]]
+            print(why + ("  (* no record yet: the prior)" if any(
+                c["recorded_success_rate"] is None for c in route["candidates"]) else ""))  # fmt: skip
+
+        out(args, route, human)
         return 0
 
     return await with_client(args, go)

@@ -68,6 +68,44 @@ def _parse(text: str | Iterable[str], pattern: re.Pattern[str], what: str, shape
     return tuple(sorted(out))
 
 
+@dataclass(frozen=True, slots=True)
+class JobRoute:
+    """What admission's routing recorded on a job (docs/routing.md) and who claimed its first attempt: the preferred
+    worker, the end of its grace, the explanation (JSON text, control/scoring.py), the worker named in the first
+    `execution.started` and when (epoch seconds), and the store's clock now."""
+
+    preferred_worker: str | None
+    preferred_until: float | None
+    route_json: str | None
+    claimed_by: str | None
+    claimed_at: float | None
+    now: float
+
+
+FEATURE_TAG = "feature:"
+"""A strict job's preferred features are folded into its `requires` as `feature:NAME`; a worker claims with its
+capabilities and one such tag per feature it offers (`claim_tags`), so the claim query enforces them unchanged."""
+
+
+def claim_tags(capabilities: Iterable[str], features: Iterable[str]) -> tuple[str, ...]:
+    """What a worker claims with: its capabilities and `feature:F` for each feature F it offers (docs/routing.md)."""
+    return tuple(sorted(set(capabilities) | {FEATURE_TAG + f for f in features}))
+
+
+def check_route_weights(weights: Any, what: str) -> tuple[float, float, float]:
+    """`route_weights` (load, success rate, latency) as three floats, or `ConfigError`: three finite,
+    non-negative numbers, not all 0."""
+    try:
+        out = tuple(float(w) for w in weights)
+    except (TypeError, ValueError):
+        raise ConfigError(f"agent {what!r}: route_weights must be three numbers, not {weights!r}") from None
+    if isinstance(weights, str | bytes) or len(out) != 3:
+        raise ConfigError(f"agent {what!r}: route_weights must be three numbers (load, success rate, latency)")
+    if any(not (0 <= w < float("inf")) for w in out) or not any(out):
+        raise ConfigError(f"agent {what!r}: route_weights must be non-negative and finite, not all 0, not {weights!r}")
+    return (out[0], out[1], out[2])
+
+
 def specs_json(specs: Mapping[str, AgentSpec]) -> str:
     """The admission defaults of these agents as the registry stores them (JSON text)."""
     return json.dumps(
@@ -80,6 +118,8 @@ def specs_json(specs: Mapping[str, AgentSpec]) -> str:
                 "priority": s.priority,
             }
             | ({"budget": dict(s.budget)} if s.budget else {})
+            | ({"prefers": sorted(s.prefers)} if s.prefers else {})
+            | ({"route_weights": list(s.route_weights)} if s.route_weights is not None else {})
             for name, s in sorted(specs.items())
         },
         separators=(",", ":"),
@@ -113,6 +153,8 @@ def _spec(name: str, d: dict[str, Any]) -> AgentSpec:
             requires=frozenset(str(t) for t in d.get("requires", ())),
             priority=int(d.get("priority", 0)),
             budget=check_budget(d.get("budget") or {}, f"agent {name!r}"),
+            prefers=frozenset(str(t) for t in d.get("prefers", ())),
+            route_weights=None if d.get("route_weights") is None else check_route_weights(d["route_weights"], name),
         )
     except (TypeError, ValueError, ConfigError):
         return AgentSpec(name)

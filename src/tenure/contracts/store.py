@@ -29,7 +29,7 @@ from tenure.contracts.artifacts import ArtifactStore
 from tenure.contracts.audit import AuditRecord, BudgetUse, StepRecord, StoredRecord
 from tenure.contracts.children import ChildJob
 from tenure.contracts.leases import WAIT_SUFFIX, LeaseRef, Leases, line_key, new_ticket, ticket_holder
-from tenure.contracts.profile import WorkerRecord
+from tenure.contracts.profile import JobRoute, WorkerRecord
 from tenure.contracts.reports import AdmissionState, CircuitState, StoreHealth, WaitingInfo
 from tenure.contracts.states import JobState, WorkerState
 from tenure.contracts.types import (
@@ -152,6 +152,11 @@ class JobStore(Protocol):
         """Jobs matching the filter, newest first."""
         ...
 
+    async def job_route(self, job_id: str) -> JobRoute | None:
+        """The routing admission recorded on a job and who started its first attempt (`GET /v1/jobs/{id}`'s
+        `route`, docs/routing.md), or None when the job does not exist."""
+        ...
+
     async def requeue(self, job_id: str, tenant: str | None = None, input_json: str | None = None) -> Job:
         """Put a terminal (not succeeded) job back in the queue with fresh attempts. Raises NotFound or
         IllegalTransition. With `input_json`, the job's input becomes it, in the same transaction, and the edit
@@ -234,9 +239,10 @@ class JobStore(Protocol):
         no worker of this id is registered and not gone. Asking again replaces the timeout."""
         ...
 
-    async def registry_agents(self) -> list[tuple[tuple[str, ...], str]]:
-        """The agents of every worker not gone, with their recorded specs (JSON text, contracts/profile.py),
-        most recently started worker first: what admission knows without the workers' code."""
+    async def registry_agents(self) -> list[WorkerInfo]:
+        """Every worker not gone, with its agents, their recorded specs (JSON text, contracts/profile.py) and its
+        profile (`jobs_held` left empty), most recently started worker first: what admission knows without the
+        workers' code, and what its routing scores (control/scoring.py)."""
         ...
 
     # -- history -------------------------------------------------------------------------------------------------

@@ -89,6 +89,8 @@ class AgentSpec:
     # job's `timeout_s`); False, none (soft) or only the job's `timeout_s` (hard).
     soft_timeout_s: float | Literal[False] | None = None
     hard_timeout_s: float | Literal[False] | None = None
+    prefers: frozenset[str] = frozenset()  # routing (docs/routing.md): features its jobs prefer, merged with theirs
+    route_weights: tuple[float, float, float] | None = None  # the score's (load, success, latency); None: default
 
 
 MULTITASK = ("enqueue", "reject", "interrupt", "drop_queued")
@@ -131,6 +133,10 @@ class NewJob:
     parent_job_id: str | None = None
     parent_execution_id: str | None = None
     parent_fence: Fence | None = None  # the spawning execution's fence: checked in the enqueue's transaction
+    # Routing (docs/routing.md): the preferred worker, its grace (s from the insert), the explanation (JSON).
+    preferred_worker: str | None = None
+    preferred_grace_s: float | None = None
+    route_json: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,7 +40,8 @@ from tenure.control.directory import AgentDirectory
 from tenure.control.gate import CircuitOpen, Gate, GateConfig, GateObserver, QueueFull
 from tenure.control.json_input import MAX_JSON_DEPTH, InvalidJSON, lone_surrogate, may_nest_deeper, nesting_exceeds
 from tenure.control.models import KEY, TENANT, JobSpec, check, shown, validated
-from tenure.control.routing import Router
+from tenure.control.routing import RouteChooser, Router, routed_requires
+from tenure.control.scoring import Decision
 from tenure.control.tenant_budgets import TenantBudget, check_tenant_budgets
 
 HINT_TIMEOUT_S = 0.5
@@ -64,6 +65,9 @@ class AdmissionLimits:
     allow_unregistered: bool = False
     """Admit an agent that neither the app nor any live worker knows (TENURE_ALLOW_UNREGISTERED), with the plain
     defaults of `AgentSpec`, for workers that are not up yet."""
+    route_grace_ms: int = 200
+    """How long only the worker routing preferred may claim a job (TENURE_ROUTE_GRACE_MS, docs/routing.md); 0
+    turns routing off (no preference, no `route`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +93,10 @@ class JobRequest:
     parent_execution_id: str | None = None
     """Set by `ctx.spawn` (control/coordinators.py): the fence and execution of the coordinator that admits this
     child; the store admits it only while that fence owns the coordinator's job."""
+    prefers: Sequence[str] = ()
+    """Features a worker offering them is preferred for (merged with the agent's `prefers`; docs/routing.md)."""
+    strict: bool = False
+    """The preferred features are required: only a worker offering all of them claims the job."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +153,8 @@ class Admission:
         self.inflight = InFlight()
         # Told (requested agent, reason) of every job admitted degraded (the metric tenure_degraded_total).
         self.on_degraded = on_degraded
+        # The preferred worker of each job, scored from the directory's snapshot (docs/routing.md).
+        self.chooser = RouteChooser(self.directory, self.limits.route_grace_ms)
         self.router = Router(
             store,
             self.spec,
@@ -166,6 +176,8 @@ class Admission:
         max_attempts = spec.max_attempts if fields.max_attempts is None else fields.max_attempts
         deadline_s = self.limits.default_deadline_s if fields.deadline_s is None else fields.deadline_s
         requires = frozenset(fields.requires or ()) | spec.requires
+        prefers = frozenset(fields.prefers or ()) | spec.prefers
+        strict = bool(fields.strict)
         check(TENANT, req.tenant, "tenant")
         digest = None
         if req.idempotency_key is not None:
@@ -180,7 +192,13 @@ class Admission:
             defining += [fields.concurrency_key, fields.multitask or spec.multitask]
         if own:
             defining.append(own)
+        if fields.prefers:
+            defining.append(sorted(fields.prefers))
+        if strict:
+            defining.append("strict")
         fingerprint = hashlib.sha256(json.dumps(defining).encode()).digest()
+        requires = routed_requires(requires, prefers, strict)
+        preferred, grace_s, route_json = self.chooser.choose(spec, requires, prefers, strict)
         mode_requested, mode_effective, degraded = self._mode(spec, fields.mode)
         return NewJob(
             id=new_id(),
@@ -206,7 +224,23 @@ class Admission:
             parent_job_id=None if req.parent is None else req.parent.job_id,
             parent_execution_id=req.parent_execution_id,
             parent_fence=req.parent,
+            preferred_worker=preferred,
+            preferred_grace_s=grace_s,
+            route_json=route_json,
         )
+
+    async def preview_route(
+        self, agent: str, requires: Sequence[str] = (), prefers: Sequence[str] = (), strict: bool = False
+    ) -> Decision:
+        """The routing decision a job of `agent` would get now (`tenure route`), from the live registry read
+        afresh, through the same score as `admit`; nothing is written."""
+        self.directory.invalidate()
+        await self.directory.resolve({agent})
+        spec = self._spec_of(agent, False)
+        fields = validated(JobSpec, {"agent": agent, "requires": list(requires), "prefers": list(prefers)}, "the request")
+        need = frozenset(fields.requires or ()) | spec.requires
+        wanted = frozenset(fields.prefers or ()) | spec.prefers
+        return self.chooser.preview(spec, routed_requires(need, wanted, strict), wanted, strict)
 
     def _mode(self, spec: AgentSpec, asked: str | None) -> tuple[str | None, str | None, str | None]:
         """(mode_requested, mode_effective, degraded_reason) of a job of `spec` asking for mode `asked`: the
@@ -263,7 +297,7 @@ class Admission:
         """Read the live registry (cached, control/directory.py) when a request names an agent the app does not
         define, so that `build` can find it there."""
         names = {r.agent for r in reqs if isinstance(r.agent, str) and r.agent not in self.agents}
-        if names:
+        if names or self.limits.route_grace_ms > 0:  # routing scores from the same snapshot (at most one read per TTL)
             await self.directory.resolve(names)
 
     def spec(self, name: str) -> AgentSpec | None:
@@ -386,24 +420,30 @@ def _spec_fields(req: JobRequest) -> dict[str, Any]:
     """A `JobRequest`'s job fields as `JobSpec` reads them. A Python caller may pass any sequence of tags (a
     tuple, a set); JSON's only sequence is a list, so they are given to the model as one (a str stays a str:
     "gpu" is not a list of tags)."""
-    requires: Any = req.requires
-    if requires is not None and not isinstance(requires, str | bytes | dict):
-        try:
-            requires = list(requires)
-        except TypeError:
-            pass  # not iterable: the model refuses it
     return {
         "agent": req.agent,
         "input": req.input,
         "priority": req.priority,
-        "requires": requires,
+        "requires": _listed(req.requires),
         "deadline_s": req.deadline_s,
         "budget": None if req.budget is None else dict(req.budget),
         "max_attempts": req.max_attempts,
         "concurrency_key": req.concurrency_key,
         "multitask": req.multitask,
         "mode": req.mode,
+        "prefers": _listed(req.prefers),
+        "strict": req.strict,
     }
+
+
+def _listed(tags: Any) -> Any:
+    """A sequence of tags as a list for the model (a str, bytes or dict as it is: the model refuses it)."""
+    if tags is not None and not isinstance(tags, str | bytes | dict):
+        try:
+            return list(tags)
+        except TypeError:
+            pass  # not iterable: the model refuses it
+    return tags
 
 
 def _input_json(value: Any) -> tuple[str, int]:

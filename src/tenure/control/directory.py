@@ -6,6 +6,11 @@ app would.
 `AgentDirectory` keeps one snapshot per admission door (one per process), read again at most every `ttl_s`
 (2 s). A name it does not hold re-reads it sooner, at most every `miss_s` (0.25 s), so a worker that has just
 registered is found by the next submit while a stream of unknown names costs at most four reads a second.
+
+The same read carries every live worker's profile (state, capabilities, features, load, record): admission's
+routing (control/scoring.py) scores from this snapshot, with no read of its own per job. `routed` counts the
+jobs this door preferred to each worker since the snapshot was read, so that a burst does not pile onto the one
+worker whose `in_flight` the snapshot shows lowest.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from collections.abc import Callable, Mapping
 
 from tenure.contracts.profile import specs_from_json
 from tenure.contracts.store import Store
-from tenure.contracts.types import AgentSpec
+from tenure.contracts.types import AgentSpec, WorkerInfo
 
 TTL_S = 2.0
 MISS_S = 0.25
@@ -33,6 +38,9 @@ class AgentDirectory:
         self._miss_s = miss_s
         self._clock = clock
         self._specs: dict[str, AgentSpec] = {}
+        self._workers: tuple[WorkerInfo, ...] = ()
+        self.routed: dict[str, int] = {}
+        """Jobs this door preferred to each worker since the snapshot was read (reset by each read)."""
         self._read_at: float | None = None
         self._lock = asyncio.Lock()
         self.reads = 0
@@ -42,6 +50,15 @@ class AgentDirectory:
     def specs(self) -> Mapping[str, AgentSpec]:
         """The snapshot as last read (no I/O)."""
         return self._specs
+
+    @property
+    def workers(self) -> tuple[WorkerInfo, ...]:
+        """The live workers' profiles as last read (no I/O)."""
+        return self._workers
+
+    def invalidate(self) -> None:
+        """Forget the snapshot: the next `resolve` reads the registry (`tenure route` shows it as it is now)."""
+        self._read_at = None
 
     async def resolve(self, names: set[str]) -> None:
         """Make the snapshot fresh enough to answer for `names`: read again when it is older than `ttl_s`, or
@@ -55,8 +72,10 @@ class AgentDirectory:
                 return  # another caller read it while this one waited
             rows = await self._store.registry_agents()
             specs: dict[str, AgentSpec] = {}
-            for agents, text in reversed(rows):  # oldest first: the most recently started worker's spec wins
-                specs.update(specs_from_json(text, agents))
+            for w in reversed(rows):  # oldest first: the most recently started worker's spec wins
+                specs.update(specs_from_json(w.agent_specs, w.agents))
             self._specs = specs
+            self._workers = tuple(rows)
+            self.routed = {}
             self._read_at = self._clock()
             self.reads += 1

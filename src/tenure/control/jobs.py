@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from tenure.contracts.children import ChildJob
 from tenure.contracts.errors import InvalidRequest, NotFound
-from tenure.contracts.profile import offers
+from tenure.contracts.profile import claim_tags, offers
 from tenure.contracts.states import JobState, WorkerState
 from tenure.contracts.store import Store
 from tenure.contracts.text import dumps
@@ -24,6 +25,7 @@ from tenure.contracts.types import ControlOutcome, Event, Job, JobFilter, Worker
 from tenure.control.admission import Admission, Admitted, JobRequest
 from tenure.control.coordinators import cancel_children
 from tenure.control.models import ApprovalBody, InputBody, RequeueBody, shown, validated
+from tenure.control.scoring import expand, explain
 
 AHEAD_BOUND = 10_000
 """How far `waiting_reason` counts the jobs ahead of a queued one (the count reads the head of the ready index)."""
@@ -93,7 +95,8 @@ class JobsService:
         workers = await self.store.list_workers()
         capable = [
             w for w in workers
-            if w.state is not WorkerState.GONE and job.agent in w.agents and offers(w.capabilities, job.requires)
+            if w.state is not WorkerState.GONE and job.agent in w.agents
+            and offers(claim_tags(w.capabilities, w.features), job.requires)
         ]  # fmt: skip
         if not capable:
             needs = f" with capabilities {', '.join(job.requires)}" if job.requires else ""
@@ -124,6 +127,31 @@ class JobsService:
                 f"its priority take their turns first (fair shares); {in_line}",
             }
         return {"kind": "place_in_line", **line, "detail": in_line}
+
+    async def route(self, job: Job) -> dict[str, Any] | None:
+        """The `route` of `GET /v1/jobs/{id}` (docs/routing.md): the preferred worker and the end of its grace,
+        every candidate's score by factor and the weights, as admission recorded them, and why the job went where
+        it went, worked out now from who started its first attempt. None: admitted without routing."""
+        got = await self.store.job_route(job.id)
+        if got is None or got.route_json is None:
+            return None
+        try:
+            recorded = expand(json.loads(got.route_json), got.preferred_worker)
+        except (ValueError, TypeError, KeyError):
+            return None  # not an explanation this version wrote
+        return recorded | {
+            "grace_ends_at": got.preferred_until,
+            "claimed_by": got.claimed_by,
+            "claimed_at": got.claimed_at,
+            "why": explain(recorded, got.preferred_until, got.claimed_by, got.claimed_at, got.now),
+        }
+
+    async def route_preview(
+        self, agent: str, requires: Sequence[str] = (), prefers: Sequence[str] = (), strict: bool = False
+    ) -> dict[str, Any]:
+        """What routing would decide for a job not yet submitted (`tenure route`): the `route` table, from the
+        live registry, through the same score."""
+        return (await self.admission.preview_route(agent, requires, prefers, strict)).to_dict()
 
     async def children(self, job: Job) -> list[ChildJob]:
         """The children a coordinator job spawned (`ctx.spawn`, docs/coordinators.md), oldest first."""

@@ -30,6 +30,11 @@ MAX_DEADLINE_S = 7 * 24 * 3600.0
 MAX_KEY_LENGTH = 255
 TAG_PATTERN = r"^[A-Za-z0-9_.:/-]{1,64}$"
 
+Feature = Annotated[
+    str,
+    StringConstraints(pattern=r"^[A-Za-z0-9_.:-]{1,64}$"),
+    Field(description="a feature name (letters, digits, _.:-, 1-64 chars)"),
+]
 Tag = Annotated[
     str,
     StringConstraints(pattern=TAG_PATTERN),
@@ -116,6 +121,14 @@ class JobSpec(BaseModel):
     ] = None
     mode: Annotated[str | None, Field(min_length=1, max_length=64, description="a mode the agent declares")] = None
     budget: Annotated[Budget | None, Field(description="limits: tool_calls, tokens, cost, wall_s (docs/budgets.md)")] = None
+    # Routing (docs/routing.md).
+    prefers: Annotated[
+        list[Feature] | None,
+        Field(description="features a worker offering them is preferred for (a bonus to its routing score)"),
+    ] = None
+    strict: Annotated[
+        bool | None, Field(description="a boolean: the preferred features are required (enforced by the claim)")
+    ] = None
 
 
 class SubmitFrame(JobSpec):

@@ -1,4 +1,5 @@
-"""Routing at admission (docs/scheduling.md): per-agent queue caps (`max_queued`, counted in the store, so every
+"""Routing at admission: the preferred worker of each job (`RouteChooser`, docs/routing.md), and (docs/scheduling.md)
+per-agent queue caps (`max_queued`, counted in the store, so every
 gateway and `tenure submit` see the same count) and degradation to a fallback agent, in seed 002's order: route,
 else queue, else degrade, else reject. `Admission.admit` (the one door) calls it for every job.
 
@@ -15,7 +16,65 @@ from collections.abc import Callable, Sequence
 from tenure.contracts.errors import AgentQueueFull
 from tenure.contracts.store import Store
 from tenure.contracts.types import AgentSpec, Enqueued, NewJob
+from tenure.control.directory import AgentDirectory
 from tenure.control.gate import QueueFull
+from tenure.control.scoring import Decision, decide, limit_ms_of, strict_requires
+
+QUIET_DECISIONS = 256
+"""The most routing decisions without a preference an admission door remembers (`RouteChooser.choose`)."""
+
+
+def routed_requires(requires: frozenset[str], prefers: frozenset[str], strict: bool) -> frozenset[str]:
+    """A job's whole requirement: a strict job's preferred features join it as `feature:NAME`, which the claim
+    then enforces unchanged (a worker claims with `feature:F` for each feature it offers; docs/routing.md)."""
+    return requires | strict_requires(prefers) if strict else requires
+
+
+class RouteChooser:
+    """Admission's choice of a preferred worker for each job (docs/routing.md), scored (control/scoring.py) from the
+    directory's registry snapshot: no I/O per job. `grace_ms` 0 turns it off."""
+
+    def __init__(self, directory: AgentDirectory, grace_ms: int) -> None:
+        self.directory = directory
+        self.grace_ms = grace_ms
+        # Decisions without a preference, by (agent, requires, prefers, strict), valid for one registry snapshot
+        # while `directory.routed` is unchanged.
+        self._quiet: dict[tuple[str, frozenset[str], frozenset[str], bool], str] = {}
+        self._quiet_reads = -1
+
+    def choose(
+        self, spec: AgentSpec, requires: frozenset[str], prefers: frozenset[str], strict: bool
+    ) -> tuple[str | None, float | None, str | None]:
+        """(preferred worker, its grace in seconds, the explanation) for a job whose whole requirement is
+        `requires`. Off (all None) when the grace is 0."""
+        if self.grace_ms <= 0:
+            return None, None, None
+        directory = self.directory
+        if self._quiet_reads != directory.reads:  # a new snapshot: every remembered decision is stale
+            self._quiet.clear()
+            self._quiet_reads = directory.reads
+        key = (spec.name, requires, prefers, strict)
+        quiet = self._quiet.get(key)
+        if quiet is not None:
+            return None, None, quiet
+        routed = directory.routed
+        d = decide(directory.workers, spec.name, requires, prefers, strict, spec.route_weights,
+                   limit_ms_of(spec.timeout_s), routed)  # fmt: skip
+        if d.preferred is None:
+            # The same job decides the same while neither the snapshot nor `routed` changed: remembered, the
+            # common single-worker path (one candidate, no preference) pays a dict lookup, not a ranking.
+            if len(self._quiet) >= QUIET_DECISIONS:
+                self._quiet.clear()
+            self._quiet[key] = explained = d.to_json()
+            return None, None, explained
+        routed[d.preferred] = routed.get(d.preferred, 0) + 1
+        self._quiet.clear()  # `routed` changed: a load in a remembered explanation may have
+        return d.preferred, self.grace_ms / 1000.0, d.to_json()
+
+    def preview(self, spec: AgentSpec, requires: frozenset[str], prefers: frozenset[str], strict: bool) -> Decision:
+        """The decision `choose` would make now, listing every candidate; nothing is counted or remembered."""
+        return decide(self.directory.workers, spec.name, requires, prefers, strict, spec.route_weights,
+                      limit_ms_of(spec.timeout_s), self.directory.routed, keep=None)  # fmt: skip
 
 
 class Router:
@@ -89,5 +148,8 @@ class Router:
                 mode_effective=fallback.name,
                 degraded_reason="queue_full",
                 queue_cap=None,
+                # The preference was chosen among the first agent's workers: the fallback's may be others.
+                preferred_worker=None,
+                preferred_grace_s=None,
             )
         )

@@ -279,7 +279,9 @@ class Gateway:
         who = self._principal(request)
         job = await self.load_job(request.path_params["job_id"], who)
         job = dataclasses.replace(job, children=tuple(await self.jobs.children(job)))  # docs/coordinators.md
-        return JSONResponse(_job_view(job) | {"waiting_reason": await self.jobs.waiting_reason(job)})
+        return JSONResponse(
+            _job_view(job) | {"waiting_reason": await self.jobs.waiting_reason(job), "route": await self.jobs.route(job)}
+        )
 
     async def result(self, request: Request) -> Response:
         """GET /v1/jobs/{id}/result: the result's JSON, streamed from its artifact when it has one."""

@@ -169,7 +169,12 @@ def openapi_document(agents: list[str]) -> dict[str, Any]:
                     "operationId": "getJob",
                     "parameters": [_JOB_ID],
                     "responses": {
-                        "200": _json("the job, with `waiting_reason` (null unless it has not started)", "Job"),
+                        "200": _json(
+                            "the job, with `waiting_reason` (null unless it has not started) and `route` (null "
+                            "unless admission routed it: the preferred worker, `grace_ends_at`, each candidate's "
+                            "score by factor, the weights, `claimed_by` and `why`; docs/routing.md)",
+                            "Job",
+                        ),
                         **_COMMON,
                     },
                 }

@@ -71,4 +71,6 @@ def submit_request(spec: JobSpec, who: Principal, key: str | None) -> JobRequest
         multitask=spec.multitask,
         mode=spec.mode,
         budget=None if spec.budget is None else spec.budget.model_dump(exclude_none=True),
+        prefers=spec.prefers or (),
+        strict=bool(spec.strict),
     )

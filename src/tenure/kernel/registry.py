@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from tenure.contracts.audit import check_budget
 from tenure.contracts.errors import ConfigError
+from tenure.contracts.profile import check_route_weights, parse_features
 from tenure.contracts.types import MULTITASK, AgentSpec
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
@@ -80,6 +81,8 @@ class Tenure:
         budget: Mapping[str, float] | None = None,
         soft_timeout: float | Literal[False] | None = None,
         hard_timeout: float | Literal[False] | None = None,
+        prefers: Iterable[str] = (),
+        route_weights: Iterable[float] | None = None,
     ) -> Callable[[Handler], Handler]:
         """Register the decorated function as an agent.
 
@@ -101,7 +104,9 @@ class Tenure:
         on that worker; False: none. `hard_timeout`: seconds after which the handler is cancelled and the attempt
         fails `timeout`, never past the job's `timeout`; None or 0: 2 x the p99 of recent durations, within
         TENURE_HARD_TIMEOUT_FLOOR_S and `timeout` (nothing derived without a `timeout`); False: only `timeout`.
-        See docs/routing.md.
+        `prefers`: features a worker offering them is preferred for (a bonus to its score,
+        merged with a job's own `prefers`); `route_weights`: the weights of the routing score (load, success rate,
+        latency; three non-negative numbers, not all 0; default 0.4, 0.4, 0.2). See docs/routing.md.
         """
 
         mode_names = tuple(modes)
@@ -129,6 +134,8 @@ class Tenure:
             hard_s = _timeout_setting(hard_timeout, agent_name, "hard_timeout")
             if isinstance(hard_s, float) and timeout is not None and hard_s > timeout:
                 raise ConfigError(f"agent {agent_name!r}: hard_timeout ({hard_s:g}) is past its timeout ({timeout:g})")
+            preferred = frozenset(parse_features(prefers, f"agent {agent_name!r}: prefers"))
+            weights = None if route_weights is None else check_route_weights(route_weights, agent_name)
             spec = AgentSpec(
                 name=agent_name,
                 max_attempts=max_attempts,
@@ -145,6 +152,8 @@ class Tenure:
                 budget=default_budget,
                 soft_timeout_s=soft_s,
                 hard_timeout_s=hard_s,
+                prefers=preferred,
+                route_weights=weights,
             )
             self._agents[agent_name] = Agent(spec, fn, inspect.iscoroutinefunction(fn))
             return fn

@@ -68,18 +68,31 @@ class Candidates(Protocol):
         ...
 
 
+# A wake-up's job may be another worker's for its routing grace (docs/routing.md): a claim after a wake-up that
+# found nothing is tried again this long after the grace, not a whole poll interval later.
+RECHECK_MARGIN_S = 0.01
+
+
 class StoreWakeups:
     """Candidates from the store's own wake-ups (its `Signals`): NOTIFY on PostgreSQL, doorbells and
-    `data_version` on SQLite (the poll interval is the floor)."""
+    `data_version` on SQLite (the poll interval is the floor). `recheck_s` (the routing grace): after a
+    wake-up whose claim found nothing, the next wait is at most that long, so a job skipped because another
+    worker was preferred for it is claimed here once the grace ends if that worker has not (0: off)."""
 
-    def __init__(self, signals: Signals, poll_s: float, stop: asyncio.Event) -> None:
+    def __init__(self, signals: Signals, poll_s: float, stop: asyncio.Event, recheck_s: float = 0.0) -> None:
         self._signals = signals
         self._poll_s = poll_s
         self._stop = stop
+        self._recheck_s = recheck_s + RECHECK_MARGIN_S if recheck_s > 0 else 0.0
+        self._woken = False  # the last wait ended by a wake-up, not its timeout
 
     async def next(self, free: int, idle: bool) -> list[Delivery]:
         if idle:
-            await wait_any(self._signals.wait_for_jobs(self._poll_s), self._stop, self._poll_s)
+            timeout = min(self._poll_s, self._recheck_s) if self._woken and self._recheck_s else self._poll_s
+            loop = asyncio.get_running_loop()
+            began = loop.time()
+            await wait_any(self._signals.wait_for_jobs(timeout), self._stop, timeout)
+            self._woken = loop.time() - began < timeout
         return []
 
     async def done(self, deliveries: list[Delivery], claimed: set[str]) -> None:
@@ -98,13 +111,17 @@ class ReadyIndexHints:
     """Candidates from the Redis ready index, with the store's wake-ups as the floor while it is down."""
 
     def __init__(self, index: ReadyIndex, store: Store, signals: Signals, agents: Sequence[str], worker_id: str,
-                 poll_s: float, stop: asyncio.Event) -> None:  # fmt: skip
+                 poll_s: float, stop: asyncio.Event, recheck_s: float = 0.0) -> None:  # fmt: skip
         self._index = index
         self._store = store
         self._agents = list(agents)
         self._worker_id = worker_id
         self._poll_s = poll_s
-        self._fallback = StoreWakeups(signals, poll_s, stop)
+        # A hint taken here whose job stayed claimable (preferred to another worker for its grace): the next
+        # read blocks at most this long, and the store claim that follows takes the job if its grace ended.
+        self._recheck_s = recheck_s + RECHECK_MARGIN_S if recheck_s > 0 else 0.0
+        self._recheck = False
+        self._fallback = StoreWakeups(signals, poll_s, stop, recheck_s)
         self._down_until = 0.0
         self._failures = 0  # reads of the index failed in a row
 
@@ -115,8 +132,10 @@ class ReadyIndexHints:
                 if self._index.rebuild_needed:
                     await rebuild_ready_index(self._index, self._store, self._agents)
                 # Blocks up to the poll interval for hints: the wait for work when idle.
-                async with asyncio.timeout(self._poll_s + INDEX_GRACE_S):
-                    taken = await self._index.take(self._worker_id, self._agents, free, self._poll_s)
+                block_s = min(self._poll_s, self._recheck_s) if self._recheck else self._poll_s
+                self._recheck = False
+                async with asyncio.timeout(block_s + INDEX_GRACE_S):
+                    taken = await self._index.take(self._worker_id, self._agents, free, block_s)
                 self._failures = 0
                 return taken
             except (StoreUnavailable, TimeoutError) as exc:
@@ -143,6 +162,8 @@ class ReadyIndexHints:
                 continue
             if job is None or job.state is not JobState.QUEUED or job.owner is not None or job.key_wait:
                 acked.append(d)  # (a job waiting for its key's turn is found by the store's claim when its turn comes)
+            else:
+                self._recheck = self._recheck_s > 0  # likely another worker's grace: claim again when it ends
         with contextlib.suppress(StoreUnavailable):
             await self._index.ack(acked)
 
@@ -214,12 +235,13 @@ class OneStepClaimer:
         self._completer = completer
         self._config = config
         self._agents = list(agents)
+        self._tags = config.claim_tags
         self._slots = slots
         self._obs = observer
 
     async def claim(self, free: int) -> list[Pair]:
         cfg = self._config
-        pairs = await self._completer.claim_and_start(self._agents, cfg.capabilities, free, cfg.claim_ttl_s)
+        pairs = await self._completer.claim_and_start(self._agents, self._tags, free, cfg.claim_ttl_s)
         if pairs:
             self._slots.take(len(pairs))
             self._obs.claimed([c for c, _ in pairs])
@@ -249,7 +271,7 @@ class TwoStepClaimer:
 
     async def claim(self, free: int) -> list[Pair]:
         cfg = self._config
-        claims = await self.gate.claim(self._store, cfg.capabilities, free, cfg.claim_ttl_s)
+        claims = await self.gate.claim(self._store, cfg.claim_tags, free, cfg.claim_ttl_s)
         if not claims:
             return []
         self._slots.take(len(claims))

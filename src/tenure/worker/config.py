@@ -9,6 +9,7 @@ from typing import Any
 from tenure.contracts.audit import Price
 from tenure.contracts.errors import ConfigError
 from tenure.contracts.json_settings import finite_number, parse_json_object
+from tenure.contracts.profile import claim_tags
 
 CLAIM_MODES = ("one_step", "two_step")
 
@@ -78,6 +79,9 @@ class WorkerConfig:
     # Timeouts (worker/timeouts.py): the least a hard timeout derived from an agent's p99 may be (it is never past
     # the job's `timeout_s`). 60 s: a burst of quick runs must not make a merely slow one fail.
     hard_timeout_floor_s: float = 60.0
+    # Routing (TENURE_ROUTE_GRACE_MS, docs/routing.md): a wake-up whose claim found nothing (the new job may be
+    # another worker's for its grace) is followed by one more claim this long after, not a whole poll later.
+    route_grace_ms: int = 200
 
     def __post_init__(self) -> None:
         # The one copy of the rule (settings.py builds this section): a heartbeat that is late once (a busy loop,
@@ -93,6 +97,12 @@ class WorkerConfig:
     def retention_s(self) -> tuple[float, dict[str, float]]:
         """The retention in seconds: every tenant's default, and the tenants with their own."""
         return self.retention_days * 86400.0, {t: d * 86400.0 for t, d in self.tenant_retention_days.items()}
+
+    @property
+    def claim_tags(self) -> tuple[str, ...]:
+        """What the claim matches a job's `requires` against: the capabilities and `feature:F` for each feature
+        (a strict job's preferred features, contracts/profile.py)."""
+        return claim_tags(self.capabilities, self.features)
 
     @property
     def worker_ttl_s(self) -> float:

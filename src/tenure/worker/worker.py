@@ -168,9 +168,18 @@ class Worker:
         # conditional UPDATE, and the store is polled whenever the index is down or silent.
         self.ready_index = ready_index
         candidates: Candidates = (
-            StoreWakeups(backends.signals, cfg.poll_s, self._stopping)
+            StoreWakeups(backends.signals, cfg.poll_s, self._stopping, cfg.route_grace_ms / 1000.0)
             if ready_index is None
-            else ReadyIndexHints(ready_index, store, backends.signals, self.agents, self.id, cfg.poll_s, self._stopping)
+            else ReadyIndexHints(
+                ready_index,
+                store,
+                backends.signals,
+                self.agents,
+                self.id,
+                cfg.poll_s,
+                self._stopping,
+                cfg.route_grace_ms / 1000.0,
+            )
         )
         gate = self._claimer.gate if isinstance(self._claimer, TwoStepClaimer) and self._claimer.gate.active else None
         self._gate = gate

@@ -66,10 +66,13 @@ def jobs(jobs: Sequence[NewJob], key_wait: bool = False) -> list[list[Any]]:
                 j.fair_step,
                 j.parent_job_id,
                 j.parent_execution_id,
+                j.preferred_worker,
+                j.preferred_grace_s,
+                j.route_json,
             )
             for j in jobs
         ),
-        21,
+        24,
     )
 
 

@@ -1,5 +1,5 @@
 """The registry on PostgreSQL (docs/routing.md): registration, worker state and the list, drain requests, the
-agents of the live registry, and the heartbeat's reply. A mixin of `PostgresStore`."""
+agents of the live registry, a job's routing, and the heartbeat's reply. A mixin of `PostgresStore`."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ import asyncpg
 from tenure.backends import _rows
 from tenure.backends._queries import load_queries
 from tenure.backends.postgres._connections import StoreConnections
+from tenure.contracts.profile import JobRoute
 from tenure.contracts.states import WorkerState
-from tenure.contracts.types import HeartbeatReply, WorkerInfo
+from tenure.contracts.types import HeartbeatReply, WorkerInfo, is_uuid
 
 Q = load_queries("tenure.backends.postgres")
 
@@ -63,7 +64,14 @@ class RegistryOps:
             row = await conn.fetchrow(Q["request_drain"], worker_id, timeout_s)
         return None if row is None else _rows.worker(row)
 
-    async def registry_agents(self) -> list[tuple[tuple[str, ...], str]]:
+    async def job_route(self, job_id: str) -> JobRoute | None:
+        if not is_uuid(job_id):
+            return None
+        async with self._db.pooled("job_route") as conn:
+            row = await conn.fetchrow(Q["job_route"], job_id)
+        return None if row is None else _rows.job_route(row)
+
+    async def registry_agents(self) -> list[WorkerInfo]:
         async with self._db.pooled("registry_agents") as conn:
             rows = await conn.fetch(Q["registry_agents"])
-        return [(tuple(r["agents"]), r["agent_specs"]) for r in rows]
+        return [_rows.worker(r) for r in rows]

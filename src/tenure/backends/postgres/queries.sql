@@ -11,11 +11,13 @@ WITH x AS (
     SELECT u.*, row_number() OVER (PARTITION BY u.tenant, u.priority ORDER BY u.ord) - 1 AS nth
       FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::int2[], $6::text[], $7::bytea[],
                   $8::bytea[], $9::float8[], $10::int4[], $11::float8[], $12::bool[], $13::text[], $14::int4[],
-                  $15::bool[], $16::text[], $17::text[], $18::text[], $19::float8[], $20::uuid[], $21::uuid[])
+                  $15::bool[], $16::text[], $17::text[], $18::text[], $19::float8[], $20::uuid[], $21::uuid[],
+                  $22::text[], $23::float8[], $24::text[])
            WITH ORDINALITY
            AS u(id, tenant, agent, input, priority, requires, idem_digest, fingerprint, deadline_s,
                 max_attempts, timeout_s, retry_safe, ckey, key_limit, key_wait, mode_requested, mode_effective,
-                degraded_reason, fair_step, parent_job_id, parent_execution_id, ord)
+                degraded_reason, fair_step, parent_job_id, parent_execution_id, preferred_worker, grace_s, route,
+                ord)
 ), turn AS MATERIALIZED (
     -- Where each (tenant, priority) of the batch starts its turns (start-time fair queuing): one step after the
     -- tenant's last turn among the claimable jobs of that priority, but never before the head of the line (a
@@ -35,12 +37,14 @@ WITH x AS (
     -- fair_at: the batch's jobs of one tenant follow one another from its group's start (nth).
     INSERT INTO jobs (id, tenant, agent, input, priority, requires, idem_digest, request_fingerprint,
                       deadline, max_attempts, timeout_s, retry_safe, concurrency_key, key_limit, key_wait,
-                      mode_requested, mode_effective, degraded_reason, parent_job_id, parent_execution_id, fair_at)
+                      mode_requested, mode_effective, degraded_reason, parent_job_id, parent_execution_id, fair_at,
+                      preferred_worker, preferred_until, route)
     SELECT x.id, x.tenant, x.agent, x.input::json, x.priority, string_to_array(x.requires, ','),
            x.idem_digest, x.fingerprint, now() + make_interval(secs => x.deadline_s),
            x.max_attempts, x.timeout_s, x.retry_safe, x.ckey, x.key_limit, x.key_wait, x.mode_requested,
            x.mode_effective, x.degraded_reason, x.parent_job_id, x.parent_execution_id,
-           turn.start + x.nth * turn.fair_step
+           turn.start + x.nth * turn.fair_step,
+           x.preferred_worker, now() + make_interval(secs => x.grace_s), x.route
       FROM x JOIN turn ON turn.tenant = x.tenant AND turn.priority = x.priority
     ON CONFLICT (tenant, idem_digest) WHERE idem_digest IS NOT NULL DO NOTHING
     RETURNING id::text, tenant, agent, input::text, priority, requires, state, owner, epoch, execution_id::text,
@@ -112,6 +116,17 @@ SELECT id::text, tenant, agent, input::text, priority, requires, state, owner, e
        parent_job_id::text, parent_execution_id::text
   FROM jobs WHERE id = $1::uuid AND ($2::text IS NULL OR tenant = $2)
 
+-- name: job_route --
+-- What admission's routing recorded on one job, and the worker (and time) of its first execution.started.
+SELECT j.preferred_worker, extract(epoch FROM j.preferred_until)::float8 AS preferred_until, j.route,
+       e.payload->>'worker_id' AS claimed_by, extract(epoch FROM e.ts)::float8 AS claimed_at,
+       extract(epoch FROM now())::float8 AS now
+  FROM jobs AS j
+  LEFT JOIN LATERAL (SELECT payload, ts FROM events
+                      WHERE job_id = j.id AND seq = 1 AND type = 'execution.started'
+                      ORDER BY epoch LIMIT 1) AS e ON true
+ WHERE j.id = $1
+
 -- name: list_jobs --
 -- Jobs matching optional tenant / state / agent filters, newest first, before an id cursor (the state on
 -- lower(state), as the dashboard: jobs_state_id serves a list of one state, as `GET /v1/jobs?state=dead`).
@@ -148,6 +163,7 @@ WITH candidates AS (
                  SELECT 1 FROM unnest(requires) AS r
                   WHERE r <> ALL($3::text[]) AND (strpos(r, '/') = 0 OR split_part(r, '/', 1) || '/*' <> ALL($3::text[]))))
        AND (deadline IS NULL OR deadline > now())
+       AND (preferred_worker IS NULL OR preferred_worker = $1 OR preferred_until <= now())
      ORDER BY priority DESC, fair_at, id
      LIMIT $4
        FOR UPDATE SKIP LOCKED
@@ -214,6 +230,7 @@ BEGIN
                  SELECT 1 FROM unnest(requires) AS r
                   WHERE r <> ALL(p_caps) AND (strpos(r, '/') = 0 OR split_part(r, '/', 1) || '/*' <> ALL(p_caps))))
            AND (deadline IS NULL OR deadline > now())
+           AND (preferred_worker IS NULL OR preferred_worker = p_worker OR preferred_until <= now())
          ORDER BY priority DESC, fair_at, id
          LIMIT p_limit
            FOR UPDATE SKIP LOCKED
@@ -413,8 +430,14 @@ RETURNING id, host, pid, concurrency, agents, capabilities, state, in_flight,
           features, success_rate, latency_ms, consecutive_timeouts, true AS drain_requested, agent_specs
 
 -- name: registry_agents --
--- The agents (and their recorded specs) of every worker not gone, the most recently started first.
-SELECT agents, agent_specs FROM workers WHERE state <> 'gone' ORDER BY started_at DESC, id
+-- Every worker not gone, with its agents, their recorded specs and its profile (the columns of list_workers, no
+-- jobs held: admission's cached snapshot, routing's only read), the most recently started first.
+SELECT id, host, pid, concurrency, agents, capabilities, state, in_flight,
+       extract(epoch FROM started_at)::float8 AS started_at,
+       extract(epoch FROM last_heartbeat)::float8 AS last_heartbeat, '{}'::text[] AS jobs_held,
+       features, success_rate, latency_ms, consecutive_timeouts, drain_requested_at IS NOT NULL AS drain_requested,
+       agent_specs
+  FROM workers WHERE state <> 'gone' ORDER BY started_at DESC, id
 
 -- name: read_events --
 -- A job's history after a cursor (epoch, seq), in cursor order.

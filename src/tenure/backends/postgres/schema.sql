@@ -42,7 +42,11 @@ CREATE TABLE jobs (
     fair_at              double precision NOT NULL DEFAULT 0,
     -- Coordinators (docs/coordinators.md): the parent job and execution that spawned this job (ctx.spawn).
     parent_job_id        uuid,
-    parent_execution_id  uuid
+    parent_execution_id  uuid,
+    -- Weighted routing (docs/routing.md): only the preferred worker may claim the job until preferred_until.
+    preferred_worker     text,
+    preferred_until      timestamptz,
+    route                text
 );
 -- The idempotency answer lives on the job itself: one row per (tenant, key digest).
 CREATE UNIQUE INDEX jobs_idem ON jobs (tenant, idem_digest) WHERE idem_digest IS NOT NULL;

@@ -1,5 +1,5 @@
-"""The registry on SQLite (docs/routing.md): registration, worker state and the list, drain requests and the
-agents of the live registry. A mixin of `SqliteStore`."""
+"""The registry on SQLite (docs/routing.md): registration, worker state and the list, drain requests, the
+agents of the live registry and a job's routing. A mixin of `SqliteStore`."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import sqlite3
 
 from tenure.backends import _rows
 from tenure.backends.sqlite._connection import Q, SqliteConnection
+from tenure.contracts.profile import JobRoute
 from tenure.contracts.states import WorkerState
 from tenure.contracts.types import WorkerInfo
 
@@ -55,10 +56,15 @@ class RegistryOps:
         conn = self.connection
         return await conn.run(lambda: conn.tx(fn), "request_drain")
 
-    async def registry_agents(self) -> list[tuple[tuple[str, ...], str]]:
-        def fn(db: sqlite3.Connection) -> list[tuple[tuple[str, ...], str]]:
+    async def job_route(self, job_id: str) -> JobRoute | None:
+        conn = self.connection
+        row = await conn.run(lambda: conn.read(lambda db: db.execute(Q["job_route"], (job_id,)).fetchone()), "job_route")
+        return None if row is None else _rows.job_route(row)
+
+    async def registry_agents(self) -> list[WorkerInfo]:
+        def fn(db: sqlite3.Connection) -> list[WorkerInfo]:
             rows = db.execute(Q["registry_agents"]).fetchall()
-            return [(_rows.json_list(r["agents"]), r["agent_specs"]) for r in rows]
+            return [_rows.worker(r, _rows.json_list) for r in rows]
 
         conn = self.connection
         return await conn.run(lambda: conn.read(fn), "registry_agents")

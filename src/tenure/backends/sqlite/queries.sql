@@ -7,9 +7,10 @@
 -- `get_job`), or nothing when the key existed.
 INSERT INTO jobs (id, tenant, agent, input, priority, requires, idem_digest, request_fingerprint, deadline,
                   max_attempts, timeout_s, retry_safe, created_at, updated_at, concurrency_key, key_limit, key_wait,
-                  mode_requested, mode_effective, degraded_reason, parent_job_id, parent_execution_id, fair_at)
+                  mode_requested, mode_effective, degraded_reason, parent_job_id, parent_execution_id,
+                  preferred_worker, preferred_until, route, fair_at)
 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, {now} + ?9, ?10, ?11, ?12, {now}, {now}, ?13, ?14, ?15, ?16, ?17, ?18, ?20,
-        ?21,
+        ?21, ?22, {now} + ?23, ?24,
         -- fair_at (start-time fair queuing across tenants): one step (?19) after the tenant's last turn at this
         -- priority, never before the head of the line.
         max(coalesce((SELECT max(t.fair_at) FROM jobs AS t
@@ -48,6 +49,16 @@ SELECT id, tenant, agent, input, priority, requires, state, owner, epoch, execut
           concurrency_key, key_wait, mode_requested, mode_effective, degraded_reason, parent_job_id,
           parent_execution_id
   FROM jobs WHERE id = ?1 AND (?2 IS NULL OR tenant = ?2)
+
+-- name: job_route --
+-- What admission's routing recorded on one job, and the worker (and time) of its first execution.started.
+SELECT j.preferred_worker, j.preferred_until, j.route,
+       (SELECT json_extract(e.payload, '$.worker_id') FROM events AS e
+         WHERE e.job_id = j.id AND e.seq = 1 AND e.type = 'execution.started' ORDER BY e.epoch LIMIT 1) AS claimed_by,
+       (SELECT e.ts FROM events AS e
+         WHERE e.job_id = j.id AND e.seq = 1 AND e.type = 'execution.started' ORDER BY e.epoch LIMIT 1) AS claimed_at,
+       {now} AS now
+  FROM jobs AS j WHERE j.id = ?1
 
 -- name: list_jobs --
 -- Jobs matching optional tenant / agent filters, newest first, before an id cursor (a state filter takes
@@ -105,6 +116,7 @@ UPDATE jobs
                     AND (instr(r.value, '/') = 0
                          OR substr(r.value, 1, instr(r.value, '/')) || '*' NOT IN (SELECT value FROM json_each(?3)))))
            AND (deadline IS NULL OR deadline > {now})
+           AND (preferred_worker IS NULL OR preferred_worker = ?1 OR preferred_until <= {now})
          ORDER BY priority DESC, fair_at, id
          LIMIT ?4)
    AND state = 'queued' AND owner IS NULL AND key_wait = 0 AND claimed_at IS NULL AND execution_id IS NULL
@@ -128,6 +140,7 @@ WITH c AS (
                     AND (instr(r.value, '/') = 0
                          OR substr(r.value, 1, instr(r.value, '/')) || '*' NOT IN (SELECT value FROM json_each(?3)))))
            AND (deadline IS NULL OR deadline > {now})
+           AND (preferred_worker IS NULL OR preferred_worker = ?1 OR preferred_until <= {now})
          ORDER BY priority DESC, fair_at, id
          LIMIT ?4)
 )
@@ -234,8 +247,12 @@ UPDATE workers SET drain_requested_at = {now}, drain_timeout_s = ?2, state = 'dr
  WHERE id = ?1 AND state <> 'gone'
 
 -- name: registry_agents --
--- The agents (and their recorded specs) of every worker not gone, the most recently started first.
-SELECT agents, agent_specs FROM workers WHERE state <> 'gone' ORDER BY started_at DESC, id
+-- Every worker not gone, with its agents, their recorded specs and its profile (the columns of list_workers, no
+-- jobs held: admission's cached snapshot, routing's only read), the most recently started first.
+SELECT id, host, pid, concurrency, agents, capabilities, state, in_flight, started_at, last_heartbeat,
+       '[]' AS jobs_held, features, success_rate, latency_ms, consecutive_timeouts,
+       drain_requested_at IS NOT NULL AS drain_requested, agent_specs
+  FROM workers WHERE state <> 'gone' ORDER BY started_at DESC, id
 
 -- name: read_events --
 -- A job's history after a cursor (epoch, seq), in cursor order.

@@ -32,9 +32,9 @@ CREATE TABLE jobs (
     created_at           REAL NOT NULL,
     updated_at           REAL NOT NULL,
     finished_at          REAL
-, concurrency_key TEXT, key_limit INTEGER NOT NULL DEFAULT 1, key_wait INTEGER NOT NULL DEFAULT 0, mode_requested TEXT, mode_effective TEXT, degraded_reason TEXT, fair_at REAL NOT NULL DEFAULT 0, parent_job_id TEXT, parent_execution_id TEXT) WITHOUT ROWID;
+, concurrency_key TEXT, key_limit INTEGER NOT NULL DEFAULT 1, key_wait INTEGER NOT NULL DEFAULT 0, mode_requested TEXT, mode_effective TEXT, degraded_reason TEXT, fair_at REAL NOT NULL DEFAULT 0, parent_job_id TEXT, parent_execution_id TEXT, preferred_worker TEXT, preferred_until REAL, route TEXT) WITHOUT ROWID;
 CREATE UNIQUE INDEX jobs_idem ON jobs (tenant, idem_digest) WHERE idem_digest IS NOT NULL;
--- (the columns after finished_at were added by migrations 0006 and 0009, whose ALTER TABLE wrote them on one line)
+-- (the columns after finished_at were added by migrations 0006, 0009 and 0011, whose ALTER TABLE wrote them on one line)
 CREATE INDEX jobs_ready ON jobs (priority DESC, fair_at, id) WHERE state = 'queued' AND owner IS NULL AND key_wait = 0;
 CREATE INDEX jobs_tenant_turn ON jobs (tenant, priority, fair_at) WHERE state = 'queued' AND owner IS NULL AND key_wait = 0;
 CREATE INDEX jobs_owned ON jobs (owner, claim_expires_at) WHERE owner IS NOT NULL;

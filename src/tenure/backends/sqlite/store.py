@@ -176,6 +176,9 @@ class SqliteStore(keys.SchedulingReads, AuditWrites, RegistryOps, ChildReads):
                         j.fair_step,
                         j.parent_job_id,
                         j.parent_execution_id,
+                        j.preferred_worker,
+                        j.preferred_grace_s,
+                        j.route_json,
                     ),
                 )
                 row = cur.fetchone()
