@@ -17,6 +17,7 @@ from tenure.app import Runtime, open_insights
 from tenure.backends.redis import RedisLeases
 from tenure.contracts.errors import ConfigError
 from tenure.contracts.store import Leases
+from tenure.control.routing import LocalPath
 from tenure.settings import Settings, load_quota_file
 
 if TYPE_CHECKING:
@@ -62,6 +63,10 @@ async def serve_gateway(settings: Settings, host: str, port: int, *, inline: boo
             nonlocal worker_task
             if inline:
                 worker = await runtime.worker()
+                # The local fast path (docs/routing.md): a job this gateway admits while its worker has room is
+                # preferred to that worker, so it starts here without a round trip through any other worker.
+                local = gateway.admission.chooser.local = LocalPath(worker, worker.config.concurrency)
+                worker.on_claimed = local.claimed
                 worker_task = asyncio.create_task(worker.run(stop), name="inline-worker")
 
         async def on_stop() -> None:

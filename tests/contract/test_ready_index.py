@@ -88,3 +88,30 @@ async def test_a_flushed_index_asks_to_be_rebuilt(index: RedisReadyIndex, privat
     assert await index.take("w1", ["a"], 1, 0.01) == []
     await index.take("w1", ["a"], 1, 0.01)  # the groups are created again
     assert index.rebuild_needed
+
+
+async def test_a_preferred_workers_hint_reaches_it_even_when_another_consumer_took_the_agents(
+    private_redis: RedisProc,
+) -> None:
+    # A job preferred to w2 (docs/routing.md) is hinted on its agent's stream, which hands it to one consumer
+    # (w1 here, which may not claim it during the grace), and on w2's own stream, so w2 is woken all the same.
+    prefix = f"t:{uuid.uuid4().hex}:"
+    w1 = RedisReadyIndex(private_redis.url, prefix=prefix, stale_s=30, max_block_s=0.05)
+    w2 = RedisReadyIndex(private_redis.url, prefix=prefix, stale_s=30, max_block_s=0.05)
+    try:
+        await w1.take("w1", ["a"], 1, 0.01)
+        await w2.take("w2", ["a"], 1, 0.01)
+        w1.rebuild_needed = w2.rebuild_needed = False
+        await w1.publish([ReadyHint("job-1", "a", 0, worker="w2")])
+        first = await w1.take("w1", ["a"], 5, 0.01)
+        assert [(d.job_id, d.agent) for d in first] == [("job-1", "a")]  # the agent's stream: w1 got it first
+        mine = await w2.take("w2", ["a"], 5, 0.01)
+        assert [(d.job_id, d.agent, d.stream) for d in mine] == [("job-1", "a", w2.worker_stream("w2"))]
+        assert not w2.rebuild_needed  # a worker's own new stream is no lost index
+        await w2.ack(mine)
+        assert await w2.take("w2", ["a"], 5, 0.01) == []
+        ttl = await w2._client.ttl(w2.worker_stream("w2"))
+        assert 0 < ttl <= 3600  # collected by Redis one TTL after its owner stopped reading it
+    finally:
+        await w1.close()
+        await w2.close()

@@ -143,3 +143,18 @@ async def test_the_registry_is_read_at_most_once_per_ttl_for_known_agents(store:
     with pytest.raises(UnknownAgent):
         await door.admit(JobRequest("nope", {}))
     assert directory.reads == 3
+
+
+async def test_routings_snapshot_counts_the_jobs_a_worker_runs_now_not_its_last_heartbeat(store: Store) -> None:
+    # Routing scores load from registry_agents (control/scoring.py): a job claimed since the worker's last
+    # heartbeat must count, or a full worker looks free and its preferred jobs wait out the grace.
+    from tests.contract.test_store import claim_one, start_one, submit
+
+    await store.register_worker(WorkerInfo("w-1", "h", 1, 1, ("echo",), ()))
+    (before,) = await store.registry_agents()
+    assert before.in_flight == 0
+    await submit(store)
+    claim = await claim_one(store, worker="w-1")
+    await start_one(store, claim, worker="w-1")  # no heartbeat since
+    (now,) = await store.registry_agents()
+    assert now.in_flight == 1

@@ -43,6 +43,7 @@ ALLOWED: dict[str, str] = {
     # -- in docs/state-inventory.md
     "tenure.backends.postgres.signals.PostgresSignals._control_jobs": ROW,
     "tenure.worker.audit.ExecutionAudit._steps": ROW,
+    "tenure.control.routing.LocalPath.pending": ROW,
     "tenure.worker.audit.ExecutionAudit._used": ROW,
     "tenure.worker.children.ExecutionChildren.spawned": ROW,
     "tenure.worker.record.Record.durations": ROW,

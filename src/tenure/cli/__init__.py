@@ -131,7 +131,11 @@ def build_parser() -> argparse.ArgumentParser:
     common(sp, json_flag=False)
     sp.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1; others need API keys)")
     sp.add_argument("--port", type=int, default=8000)
-    sp.add_argument("--inline", action="store_true", help="run a worker inside the gateway (local fast path)")
+    sp.add_argument(
+        "--inline",
+        action="store_true",
+        help="run a worker inside the gateway: the jobs it admits start there while it has room (local fast path)",
+    )
     sp.set_defaults(fn=cmd_gateway)
 
     sp = sub.add_parser("up", help="run one gateway and N workers, supervised (Ctrl-C stops everything)")
@@ -139,7 +143,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--host", default="127.0.0.1")
     sp.add_argument("--port", type=int, default=8000)
     sp.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
-    sp.add_argument("--inline", action="store_true", help="also run a worker inside the gateway process")
+    sp.add_argument(
+        "--inline",
+        action="store_true",
+        help="also run a worker inside the gateway: jobs it admits start there while it has room",
+    )
     sp.set_defaults(fn=cmd_up)
 
     sp = sub.add_parser("jobs", help="list jobs, newest first")

@@ -19,6 +19,9 @@ class ReadyHint:
     job_id: str
     agent: str
     priority: int = 0
+    worker: str | None = None
+    """The job's preferred worker (docs/routing.md), woken directly: a hint of the agent's stream reaches one
+    consumer, and that one may not claim the job during its grace."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -198,10 +198,11 @@ class Admission:
             defining.append("strict")
         fingerprint = hashlib.sha256(json.dumps(defining).encode()).digest()
         requires = routed_requires(requires, prefers, strict)
-        preferred, grace_s, route_json = self.chooser.choose(spec, requires, prefers, strict)
+        job_id = new_id()
+        preferred, grace_s, route_json = self.chooser.choose(spec, requires, prefers, strict, job_id)
         mode_requested, mode_effective, degraded = self._mode(spec, fields.mode)
         return NewJob(
-            id=new_id(),
+            id=job_id,
             tenant=req.tenant,
             agent=spec.name,
             input_json=input_json,
@@ -365,7 +366,7 @@ class Admission:
         # A job waiting for its concurrency key's turn is not claimable: it is hinted when its turn comes (the
         # sweeper's hints of jobs claimable again), and found by the store's claim either way.
         created = {e.job_id for e in enqueued if e.created and not e.job.key_wait}
-        hints = [ReadyHint(j.id, j.agent, j.priority) for j in jobs if j.id in created]
+        hints = [ReadyHint(j.id, j.agent, j.priority, j.preferred_worker) for j in jobs if j.id in created]
         try:
             # Bounded: the job is committed already, and a Redis that stopped answering (a partition) would
             # otherwise hold every submit for its socket timeout; the workers' store polling finds the job.

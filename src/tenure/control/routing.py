@@ -11,14 +11,18 @@ still a count and then an insert.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 from tenure.contracts.errors import AgentQueueFull
+from tenure.contracts.profile import offers
+from tenure.contracts.states import WorkerState
 from tenure.contracts.store import Store
 from tenure.contracts.types import AgentSpec, Enqueued, NewJob
 from tenure.control.directory import AgentDirectory
 from tenure.control.gate import QueueFull
-from tenure.control.scoring import Decision, decide, limit_ms_of, strict_requires
+from tenure.control.scoring import DEFAULT_WEIGHTS, Decision, decide, limit_ms_of, strict_requires
 
 QUIET_DECISIONS = 256
 """The most routing decisions without a preference an admission door remembers (`RouteChooser.choose`)."""
@@ -28,6 +32,58 @@ def routed_requires(requires: frozenset[str], prefers: frozenset[str], strict: b
     """A job's whole requirement: a strict job's preferred features join it as `feature:NAME`, which the claim
     then enforces unchanged (a worker claims with `feature:F` for each feature it offers; docs/routing.md)."""
     return requires | strict_requires(prefers) if strict else requires
+
+
+class InlineWorker(Protocol):
+    """What the local fast path reads of a gateway's in-process worker (`tenure up --inline`; worker.Worker)."""
+
+    id: str
+
+    @property
+    def agents(self) -> Sequence[str]: ...
+
+    @property
+    def state(self) -> WorkerState: ...
+
+    def free_slots(self) -> int: ...
+
+    def claim_tags(self) -> Sequence[str]: ...
+
+
+class LocalPath:
+    """Seed 000's local fast path: a gateway whose in-process worker serves the agent, offers what the job
+    requires, is `active` and has a slot free that no job routed to it is already waiting for prefers that worker
+    for the job it admits, before any score (docs/routing.md). The job is then its for the grace, so no other
+    worker's claim wins the race; the worker is woken in process. Jobs routed to it count against its free slots
+    until it claims them (`claimed`, called by the worker) or their grace ends."""
+
+    def __init__(self, worker: InlineWorker, concurrency: int) -> None:
+        self.worker = worker
+        self.concurrency = concurrency
+        self.agents = frozenset(worker.agents)
+        self.tags = tuple(worker.claim_tags())
+        self.pending: dict[str, float] = {}  # job id → end of its grace (monotonic)
+        self.routed = 0
+        """Jobs routed to the inline worker so far (for tests and the docs)."""
+
+    def take(self, agent: str, requires: frozenset[str], job_id: str, grace_s: float) -> bool:
+        """Route `job_id` to the inline worker if it can start it now."""
+        w = self.worker
+        if agent not in self.agents or w.state is not WorkerState.ACTIVE or not offers(self.tags, requires):
+            return False
+        now = time.monotonic()
+        if self.pending:
+            for stale in [j for j, until in self.pending.items() if until <= now]:
+                del self.pending[stale]
+        if w.free_slots() - len(self.pending) <= 0:
+            return False
+        self.pending[job_id] = now + grace_s
+        self.routed += 1
+        return True
+
+    def claimed(self, job_id: str) -> None:
+        """The inline worker claimed `job_id`: it holds a slot of its own now."""
+        self.pending.pop(job_id, None)
 
 
 class RouteChooser:
@@ -41,15 +97,32 @@ class RouteChooser:
         # while `directory.routed` is unchanged.
         self._quiet: dict[tuple[str, frozenset[str], frozenset[str], bool], str] = {}
         self._quiet_reads = -1
+        self.local: LocalPath | None = None
+        """The gateway's inline worker, when it has one (serve.py): preferred first while it has room."""
 
     def choose(
-        self, spec: AgentSpec, requires: frozenset[str], prefers: frozenset[str], strict: bool
+        self, spec: AgentSpec, requires: frozenset[str], prefers: frozenset[str], strict: bool, job_id: str = ""
     ) -> tuple[str | None, float | None, str | None]:
-        """(preferred worker, its grace in seconds, the explanation) for a job whose whole requirement is
+        """(preferred worker, its grace in seconds, the explanation) for job `job_id` whose whole requirement is
         `requires`. Off (all None) when the grace is 0."""
         if self.grace_ms <= 0:
             return None, None, None
         directory = self.directory
+        local = self.local
+        if local is not None:
+            wid = local.worker.id
+            if local.take(spec.name, requires, job_id, self.grace_ms / 1000.0):
+                directory.routed[wid] = directory.routed.get(wid, 0) + 1
+                self._quiet.clear()  # `routed` changed (see below)
+                w = spec.route_weights or DEFAULT_WEIGHTS
+                d = Decision(wid, "local", (), (w[0], w[1], w[2]), limit_ms_of(spec.timeout_s),
+                             tuple(sorted(prefers)), strict)  # fmt: skip
+                return wid, self.grace_ms / 1000.0, d.to_json()
+            if directory.routed.get(wid, 0) < local.concurrency:
+                # Its own slots are known here, not a heartbeat old: without room it is full for the score too,
+                # until the next snapshot (it takes jobs by the path above again as soon as it has room).
+                directory.routed[wid] = local.concurrency
+                self._quiet.clear()
         if self._quiet_reads != directory.reads:  # a new snapshot: every remembered decision is stale
             self._quiet.clear()
             self._quiet_reads = directory.reads

@@ -158,8 +158,10 @@ class Decision:
 
     preferred: str | None
     reason: str
-    """`preferred` (the best of several candidates with a free slot), `only_candidate` (one candidate: nothing to
-    choose, no preference set), `no_free_slot` (no candidate had an estimated free slot), `no_candidate`."""
+    """`preferred` (the best of several candidates with a free slot), `local` (the admitting gateway's inline
+    worker had room: the local fast path, control/routing.LocalPath; no candidates scored), `only_candidate` (one
+    candidate: nothing to choose, no preference set), `no_free_slot` (no candidate had an estimated free slot),
+    `no_candidate`."""
     candidates: tuple[Candidate, ...]
     weights: tuple[float, float, float]
     limit_ms: float
@@ -286,6 +288,8 @@ def explain(
             "no_candidate": "no live candidate when admitted; not claimed yet",
         }.get(str(reason), "not claimed yet")
     if preferred is not None:
+        if claimed_by == preferred and reason == "local":
+            return f"local fast path: the admitting gateway's inline worker claimed it ({preferred})"
         if claimed_by == preferred:
             return f"preferred worker claimed it ({preferred})"
         if preferred_until is not None and claimed_at is not None and claimed_at >= preferred_until:

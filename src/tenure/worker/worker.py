@@ -25,6 +25,7 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Callable
 from typing import Any
 
 from tenure.contracts.errors import ConfigError, StoreUnavailable, TenureError
@@ -100,6 +101,8 @@ class Worker:
         self._registered = False
         self.agents = sorted(app.agents)
         self.finished = 0
+        self.on_claimed: Callable[[str], None] | None = None
+        """Told the id of each job it starts (the local fast path's accounting: control/routing.LocalPath)."""
         self._stopping = asyncio.Event()
         self._shutting_down = False  # the drain timed out: running executions are being cancelled
         self._executions: asyncio.TaskGroup | None = None
@@ -211,6 +214,14 @@ class Worker:
         """What this worker tells the registry (see health.py)."""
         return self.health.state
 
+    def free_slots(self) -> int:
+        """Slots free now (the local fast path's room: control/routing.LocalPath)."""
+        return self.slots.available
+
+    def claim_tags(self) -> tuple[str, ...]:
+        """What its claims match a job's `requires` against."""
+        return self.config.claim_tags
+
     def info(self) -> WorkerInfo:
         return WorkerInfo(
             id=self.id,
@@ -309,6 +320,8 @@ class Worker:
             return
         execution = Execution(self._env, claim, started, agent, self._ended)
         self.held.running[claim.fence.job_id] = execution
+        if self.on_claimed is not None:
+            self.on_claimed(claim.fence.job_id)
         assert self._executions is not None
         execution.task = self._executions.create_task(
             execution.run(lambda: self._shutting_down), name=f"job-{claim.fence.job_id}"

@@ -431,13 +431,17 @@ RETURNING id, host, pid, concurrency, agents, capabilities, state, in_flight,
 
 -- name: registry_agents --
 -- Every worker not gone, with its agents, their recorded specs and its profile (the columns of list_workers, no
--- jobs held: admission's cached snapshot, routing's only read), the most recently started first.
-SELECT id, host, pid, concurrency, agents, capabilities, state, in_flight,
-       extract(epoch FROM started_at)::float8 AS started_at,
-       extract(epoch FROM last_heartbeat)::float8 AS last_heartbeat, '{}'::text[] AS jobs_held,
-       features, success_rate, latency_ms, consecutive_timeouts, drain_requested_at IS NOT NULL AS drain_requested,
-       agent_specs
-  FROM workers WHERE state <> 'gone' ORDER BY started_at DESC, id
+-- jobs held: admission's cached snapshot, routing's only read), the most recently started first. `in_flight` is
+-- counted now from the jobs it runs (jobs_owned, led by the owner: a probe per worker), not the heartbeat's
+-- (up to TENURE_HEARTBEAT_S old): a job it claimed since its last heartbeat must not let routing prefer a full
+-- worker, whose preferred jobs would wait out the grace.
+SELECT w.id, w.host, w.pid, w.concurrency, w.agents, w.capabilities, w.state,
+       (SELECT count(*) FROM jobs AS j WHERE j.owner = w.id AND j.state = 'running')::int4 AS in_flight,
+       extract(epoch FROM w.started_at)::float8 AS started_at,
+       extract(epoch FROM w.last_heartbeat)::float8 AS last_heartbeat, '{}'::text[] AS jobs_held,
+       w.features, w.success_rate, w.latency_ms, w.consecutive_timeouts,
+       w.drain_requested_at IS NOT NULL AS drain_requested, w.agent_specs
+  FROM workers AS w WHERE w.state <> 'gone' ORDER BY w.started_at DESC, w.id
 
 -- name: read_events --
 -- A job's history after a cursor (epoch, seq), in cursor order.

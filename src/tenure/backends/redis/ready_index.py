@@ -4,7 +4,15 @@ Layout, under a prefix (default `tenure:`):
 
     <prefix>ready:<agent>:high     stream of hints for jobs of priority > 0   fields: job
     <prefix>ready:<agent>:normal   stream of hints for the other jobs         fields: job
+    <prefix>ready:@<worker id>     stream of hints for jobs preferred to that worker (docs/routing.md): fields
+                                   job, agent; read only by that worker, beside the agents' streams
     consumer group `workers` on each; the consumer name is the worker id
+
+A job preferred to a worker is hinted on its agent's stream and on the worker's own: the agent's stream hands a
+hint to one consumer, which may not claim the job during its grace, so the preferred worker is woken by its own
+stream. A worker's stream lives while its worker reads it: its owner refreshes its expiry (`WORKER_STREAM_TTL_S`)
+with the periodic hand-over of stale deliveries, each publish sets it too, and Redis collects the stream of a
+worker that died one TTL after the last of either.
 
 A worker reserves capacity, then `take`s: `XAUTOCLAIM` hands over deliveries idle longer than the claim TTL
 (their consumer died between reading and acknowledging), then a non-blocking `XREADGROUP` of the high
@@ -29,6 +37,8 @@ from tenure.contracts.ready import Delivery, ReadyHint, ReadyIndex
 
 GROUP = "workers"
 MAXLEN = 100_000
+WORKER_MAXLEN = 1_000
+WORKER_STREAM_TTL_S = 3600
 
 
 def _text(value: Any) -> str:
@@ -66,14 +76,20 @@ class RedisReadyIndex:
         """The stream key of `agent`'s high or normal band."""
         return f"{self._prefix}ready:{agent}:{'high' if high else 'normal'}"
 
+    def worker_stream(self, worker: str) -> str:
+        """The stream key of the hints of jobs preferred to `worker`."""
+        return f"{self._prefix}ready:@{worker}"
+
     async def _ensure_groups(self, streams: Sequence[str]) -> None:
         for s in streams:
             if s in self._groups:
                 continue
             try:
                 await self._client.xgroup_create(s, GROUP, id="0", mkstream=True)
-                # A group created now did not exist (first start, or the index was lost): rebuild it.
-                self.rebuild_needed = True
+                # A group created now did not exist (first start, or the index was lost): rebuild it. A worker's
+                # own stream is new with each worker: its jobs are on their agents' streams too.
+                if not s.startswith(f"{self._prefix}ready:@"):
+                    self.rebuild_needed = True
             except ResponseError as exc:
                 if "BUSYGROUP" not in str(exc):
                     raise
@@ -86,12 +102,11 @@ class RedisReadyIndex:
         try:
             async with self._client.pipeline(transaction=False) as pipe:
                 for h in hints:
-                    pipe.xadd(
-                        self.stream(h.agent, h.priority > 0),
-                        {"job": h.job_id},
-                        maxlen=MAXLEN,
-                        approximate=True,
-                    )
+                    pipe.xadd(self.stream(h.agent, h.priority > 0), {"job": h.job_id}, maxlen=MAXLEN, approximate=True)
+                    if h.worker is not None:
+                        own = self.worker_stream(h.worker)
+                        pipe.xadd(own, {"job": h.job_id, "agent": h.agent}, maxlen=WORKER_MAXLEN, approximate=True)
+                        pipe.expire(own, WORKER_STREAM_TTL_S)
                 await pipe.execute()
         except RedisError as exc:
             raise StoreUnavailable(f"ready index publish failed: {exc}") from exc
@@ -99,7 +114,8 @@ class RedisReadyIndex:
     async def take(self, consumer: str, agents: Sequence[str], count: int, block_s: float) -> list[Delivery]:
         if count <= 0:
             return []
-        high = [self.stream(a, True) for a in agents]
+        own = self.worker_stream(consumer)
+        high = [own, *(self.stream(a, True) for a in agents)]
         normal = [self.stream(a, False) for a in agents]
         try:
             await self._ensure_groups(high + normal)
@@ -129,7 +145,8 @@ class RedisReadyIndex:
         async with self._client.pipeline(transaction=False) as pipe:
             for s in streams:
                 pipe.xautoclaim(s, GROUP, consumer, self._stale_ms, start_id="0-0", count=count)
-            answers = await pipe.execute()
+            pipe.expire(self.worker_stream(consumer), WORKER_STREAM_TTL_S)  # its owner keeps its own stream alive
+            answers = (await pipe.execute())[:-1]
         out: list[Delivery] = []
         for s, answer in zip(streams, answers, strict=True):
             for entry_id, fields in answer[1]:
@@ -147,8 +164,10 @@ class RedisReadyIndex:
 
     def _delivery(self, stream: str, entry_id: Any, fields: Any) -> Delivery:
         job = fields.get(b"job", fields.get("job", b""))
-        agent = stream[len(self._prefix) + len("ready:") :].rsplit(":", 1)[0]
-        return Delivery(_text(job), agent, stream, _text(entry_id))
+        agent = fields.get(b"agent", fields.get("agent"))  # a worker's own stream names the agent
+        if agent is None:
+            agent = stream[len(self._prefix) + len("ready:") :].rsplit(":", 1)[0]
+        return Delivery(_text(job), _text(agent), stream, _text(entry_id))
 
     async def ack(self, deliveries: Sequence[Delivery]) -> None:
         """XACK (and XDEL: a hint is worth nothing once acknowledged) in one pipelined round trip."""

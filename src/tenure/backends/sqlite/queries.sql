@@ -248,11 +248,13 @@ UPDATE workers SET drain_requested_at = {now}, drain_timeout_s = ?2, state = 'dr
 
 -- name: registry_agents --
 -- Every worker not gone, with its agents, their recorded specs and its profile (the columns of list_workers, no
--- jobs held: admission's cached snapshot, routing's only read), the most recently started first.
-SELECT id, host, pid, concurrency, agents, capabilities, state, in_flight, started_at, last_heartbeat,
-       '[]' AS jobs_held, features, success_rate, latency_ms, consecutive_timeouts,
-       drain_requested_at IS NOT NULL AS drain_requested, agent_specs
-  FROM workers WHERE state <> 'gone' ORDER BY started_at DESC, id
+-- jobs held: admission's cached snapshot, routing's only read), the most recently started first. `in_flight` is
+-- counted now from the jobs it runs (jobs_owned), not the heartbeat's: as PostgreSQL's, which says why.
+SELECT w.id, w.host, w.pid, w.concurrency, w.agents, w.capabilities, w.state,
+       (SELECT count(*) FROM jobs AS j INDEXED BY jobs_owned WHERE j.owner = w.id AND j.state = 'running') AS in_flight,
+       w.started_at, w.last_heartbeat, '[]' AS jobs_held, w.features, w.success_rate, w.latency_ms,
+       w.consecutive_timeouts, w.drain_requested_at IS NOT NULL AS drain_requested, w.agent_specs
+  FROM workers AS w WHERE w.state <> 'gone' ORDER BY w.started_at DESC, w.id
 
 -- name: read_events --
 -- A job's history after a cursor (epoch, seq), in cursor order.
