@@ -12,6 +12,7 @@ from tenure.app import open_backends
 from tenure.contracts.profile import WorkerRecord, specs_json
 from tenure.contracts.states import WorkerState
 from tenure.contracts.types import AgentSpec, WorkerInfo
+from tenure.control.admission import Admission, AdmissionLimits, JobRequest
 from tenure.control.scoring import FEATURE_BONUS, score
 from tenure.settings import Settings
 from tests.acceptance.test_cli import tenure
@@ -29,6 +30,11 @@ async def registry(url: str) -> None:
         ]:
             await b.jobs.register_worker(WorkerInfo(wid, "h", 1, 2, ("summarize",), features=features, agent_specs=SPECS))
             await b.jobs.heartbeat(wid, WorkerState.ACTIVE, 1 if wid == "w-sure" else 0, [], 30.0, record)
+        # Routing counts the jobs a worker runs from the store (registry_agents), not the heartbeat's figure:
+        # w-sure runs one.
+        admission = Admission(b.jobs, {"summarize": AgentSpec("summarize")}, AdmissionLimits(route_grace_ms=0))
+        await admission.admit(JobRequest("summarize", {}))
+        assert len(await b.jobs.claim_and_start("w-sure", ["summarize"], [], 1, 30.0)) == 1
     finally:
         await b.close()
 

@@ -6,23 +6,25 @@ from __future__ import annotations
 
 import asyncio
 
-from tenure.contracts.profile import claim_tags
-from tenure.contracts.states import JobState
+from tenure.contracts.profile import WorkerRecord, claim_tags
+from tenure.contracts.states import JobState, WorkerState
 from tenure.contracts.store import Store
 from tenure.contracts.types import AgentSpec, WorkerInfo
 from tenure.control.admission import Admission, AdmissionLimits, JobRequest
 from tenure.control.directory import TTL_S, AgentDirectory
 from tenure.control.jobs import JobsService
 
-A, B = "worker-a", "worker-b"  # no record either: a tie, so A (the smaller id) is preferred
+A, B = "worker-a", "worker-b"  # B's record is worse (door): A is preferred
 AGENTS = {"echo": AgentSpec("echo")}
 TTL = 30.0
 GRACE_MS = 300
 
 
 async def door(store: Store, *workers: WorkerInfo) -> Admission:
-    for w in workers or (WorkerInfo(A, "h", 1, 4, ("echo",)), WorkerInfo(B, "h", 2, 4, ("echo",))):
+    for w in workers or (WorkerInfo(A, "h", 1, 2, ("echo",)), WorkerInfo(B, "h", 2, 4, ("echo",))):
         await store.register_worker(w)
+    if not workers:  # alike, neither would be preferred (ROUTE_MARGIN): B fails a fifth of its jobs
+        await store.heartbeat(B, WorkerState.ACTIVE, 0, [], TTL, WorkerRecord(0.8, None, 0))
     return Admission(store, AGENTS, AdmissionLimits(route_grace_ms=GRACE_MS))
 
 
@@ -102,4 +104,5 @@ async def test_a_decision_without_preference_is_remembered_only_for_its_snapshot
     assert routes[0].route_json == routes[1].route_json  # type: ignore[union-attr]
     now[0] += TTL_S  # the next admit reads the registry again: B is a candidate, the decision is made anew
     third = await store.job_route((await admission.admit(JobRequest("echo", {}))).job.id)
-    assert third is not None and third.preferred_worker == A and directory.reads == 2
+    assert third is not None and directory.reads == 2 and third.route_json != routes[0].route_json
+    assert '"near_tie"' in (third.route_json or "")  # two alike candidates: still no preference

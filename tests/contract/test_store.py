@@ -75,7 +75,7 @@ async def test_migrate_is_idempotent_and_reports_the_version(store: Store) -> No
     # 0004_lease_lines and 0005_hand_over_expiry, whose functions SQLite runs as Python in one transaction).
     # audit 0004 / 0007, broker 0005 / 0008, scheduling 0006 / 0009, state index 0007 / 0010,
     # tenant retention 0008 / 0011, coordinators 0009 / 0012, state pages 0010 (SQLite only), routing 0011 / 0013
-    latest = {"sqlite": 11, "postgres": 13}[store.dialect]
+    latest = {"sqlite": 12, "postgres": 13}[store.dialect]
     assert await store.schema_version() == latest
     assert await store.migrate() == latest
     assert await store.schema_version() == latest
@@ -187,6 +187,27 @@ async def test_a_category_wildcard_offers_its_subcategories_and_nothing_else(sto
     assert await claim(["image/ocr", "text/*"]) == [ocr]
     assert await claim(["text/*", "image/*"]) == []  # the flat tag `text` is not the category
     assert await claim(["text"]) == [flat]
+
+
+@pytest.mark.parametrize("together", [False, True], ids=["claim", "claim_and_start"])
+async def test_a_worker_of_several_agents_claims_in_one_order_across_them(store: Store, together: bool) -> None:
+    # SQLite reads the head of each agent's ready index and merges them (backends/sqlite/_claims.py): the merged
+    # order must be the one order of the queue (priority, tenant turn, age), and a worker of more agents than
+    # it reads one by one (PER_AGENT_MAX) reads the whole queue's head instead, with the same answer.
+    async def claim(agents: list[str], limit: int) -> list[str]:
+        if together:
+            return [c.fence.job_id for c, _ in await store.claim_and_start(W1, agents, ["gpu"], limit, TTL)]
+        return [c.fence.job_id for c in await store.claim(W1, agents, ["gpu"], limit, TTL)]
+
+    a0 = await submit(store, "echo")
+    b5 = await submit(store, "gpu", priority=5)
+    a5 = await submit(store, "echo", priority=5)
+    b0 = await submit(store, "gpu")
+    s0 = await submit(store, "safe")
+    # One at a time: a claim's rows come back in no particular order, its choice is the order.
+    assert [await claim(["gpu", "echo"], 1) for _ in range(3)] == [[b5], [a5], [a0]]
+    many = [f"agent-{i}" for i in range(20)] + ["gpu", "safe"]
+    assert [await claim(many, 1) for _ in range(3)] == [[b0], [s0], []]
 
 
 async def test_claim_and_start_runs_each_claimable_job_once_in_one_step(store: Store) -> None:

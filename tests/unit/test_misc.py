@@ -102,11 +102,10 @@ def test_sqlite_claim_and_start_keeps_every_condition_of_the_claim_and_the_start
     def norm(text: str) -> str:
         return " ".join(text.split())
 
-    # The same candidates (the head of jobs_ready, every filter) and the same claim conditions on each row.
-    assert norm(both[both.index("WHERE state") : both.index("LIMIT ?4")]) == norm(
-        claim[claim.index("WHERE state") : claim.index("LIMIT ?4")]
-    )
-    outer = claim[claim.index("LIMIT ?4)") + len("LIMIT ?4)") : claim.index("RETURNING")]
+    # The same candidates (claim_candidates, filled in per worker by _claims.py) and the same claim conditions on
+    # each row.
+    assert claim.count("{candidates}") == 1 and both.count("{candidates}") == 1
+    outer = claim[claim.index("({candidates}))") + len("({candidates}))") : claim.index("RETURNING")]
     assert norm(both[both.index("WHERE jobs.id = c.id") + len("WHERE jobs.id = c.id") : both.index("RETURNING")]) == norm(
         outer
     )

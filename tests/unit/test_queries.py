@@ -16,6 +16,7 @@ from tenure.contracts.states import JobState
 from tenure.contracts.types import Fence, Finish
 
 _USE = re.compile(r"""\bQ\[["']([a-z_][a-z0-9_]*)["']\]""")
+_CLAIM_SQL = re.compile(r"""\bclaim_sql\(["']([a-z_]+)["']""")  # a claim statement filled in per worker (_claims.py)
 _PER_STATE = re.compile(r"""\bper_state\(Q, \(([^)]*)\)\)""")  # queries filled in per state (_state_pages.py)
 
 
@@ -27,7 +28,7 @@ def _used(dialect: str, sql_file: str) -> set[str]:
         own = {"insights.py": "insights.sql", "audit.py": "audit.sql"}.get(entry.name, "queries.sql")
         if entry.name.endswith(".py") and own == sql_file:
             text = entry.read_text(encoding="utf-8")
-            used |= set(_USE.findall(text))
+            used |= set(_USE.findall(text)) | set(_CLAIM_SQL.findall(text))
             used |= {n for names in _PER_STATE.findall(text) for n in re.findall(r"[a-z_]+", names)}
     return used
 

@@ -15,6 +15,7 @@ from tenure.contracts.types import AgentSpec, WorkerInfo
 from tenure.control.scoring import (
     DEFAULT_LIMIT_MS,
     FEATURE_BONUS,
+    ROUTE_MARGIN,
     SUCCESS_PRIOR,
     decide,
     expand,
@@ -56,7 +57,7 @@ def test_load_counts_in_flight_and_jobs_routed_since_the_snapshot() -> None:
 
 
 def test_the_weights_decide_between_a_fast_worker_and_a_reliable_one() -> None:
-    fast = worker("fast", success=0.5, latency=100.0)
+    fast = worker("fast", success=0.3, latency=100.0)
     reliable = worker("reliable", success=1.0, latency=9000.0)
     assert decide([fast, reliable], "a", ()).preferred == "reliable"  # default weights favour the record
     assert decide([fast, reliable], "a", (), weights=(0.0, 0.1, 0.9)).preferred == "fast"
@@ -102,7 +103,9 @@ def test_a_category_offered_whole_makes_a_candidate_as_it_claims() -> None:
 def test_ties_go_to_the_smaller_worker_id() -> None:
     d = decide([worker("w2"), worker("w1"), worker("w3")], "a", ())
     assert [c.worker_id for c in d.candidates] == ["w1", "w2", "w3"]
-    assert d.preferred == "w1"
+    assert (d.preferred, d.reason) == (None, "near_tie")  # alike: nothing to prefer (ROUTE_MARGIN)
+    d = decide([worker("w2", in_flight=1), worker("w1", in_flight=1), worker("w3", in_flight=2)], "a", ())
+    assert [c.worker_id for c in d.candidates] == ["w1", "w2", "w3"] and d.reason == "near_tie"
 
 
 def test_no_preference_without_a_choice_or_without_a_free_slot() -> None:
@@ -116,7 +119,7 @@ def test_no_preference_without_a_choice_or_without_a_free_slot() -> None:
 
 
 def test_a_decision_records_the_best_candidates_and_counts_them_all() -> None:
-    many = [worker(f"w{i:02d}", in_flight=i % 4) for i in range(30)]
+    many = [worker(f"w{i:02d}", in_flight=(i % 3) + (1 if i else 0)) for i in range(30)]  # w00 alone is idle
     d = decide(many, "a", (), keep=5)
     assert d.candidates_total == 30 and len(d.candidates) == 5
     assert d.preferred == d.candidates[0].worker_id == "w00"
@@ -127,7 +130,7 @@ def test_a_decision_records_the_best_candidates_and_counts_them_all() -> None:
 
 
 def test_the_decision_serialises_every_factor_and_explains_itself() -> None:
-    d = decide([worker("w1", success=0.9, latency=500.0), worker("w2")], "a", (), weights=(0.5, 0.3, 0.2))
+    d = decide([worker("w1", success=0.7, latency=500.0), worker("w2")], "a", (), weights=(0.5, 0.3, 0.2))
     route = expand(json.loads(d.to_json()), d.preferred)  # as the job row stores it, then as GET shows it
     assert route == d.to_dict()
     assert route["weights"] == [0.5, 0.3, 0.2] and route["limit_ms"] == DEFAULT_LIMIT_MS
@@ -183,3 +186,15 @@ async def test_a_wake_up_whose_claim_found_nothing_is_followed_by_a_claim_after_
     await plain.next(1, idle=True)
     await plain.next(1, idle=True)
     assert off.timeouts == [0.05, 0.05]
+
+
+def test_candidates_that_score_within_the_margin_get_no_preference() -> None:
+    # A preference costs a grace whenever its worker cannot start the job at once; between workers that score
+    # alike it buys nothing, so the job is left to the first that claims it.
+    a, b = worker("a", in_flight=1, concurrency=10), worker("b", in_flight=0, concurrency=10)
+    d = decide([a, b], "a", ())
+    assert (d.preferred, d.reason) == (None, "near_tie")  # 0.04 apart: one slot of ten at the load weight
+    assert decide([worker("a", in_flight=2, concurrency=10), b], "a", ()).preferred == "b"  # 0.08 apart
+    busy = worker("c", in_flight=10, concurrency=10)  # no free slot: not the runner-up that makes a tie
+    assert decide([worker("a", in_flight=2, concurrency=10), busy], "a", ()).reason == "preferred"
+    assert ROUTE_MARGIN == 0.05

@@ -33,6 +33,11 @@ SUCCESS_PRIOR = 1.0
 """The success rate of a worker that has not finished a job yet (its `success_rate` is null)."""
 DEFAULT_LIMIT_MS = 10_000.0
 """The latency that scores 0 for an agent without `timeout=`."""
+ROUTE_MARGIN = 0.05
+"""A preference is set only when the best candidate with a free slot scores at least this much above the next
+one with a free slot: a preference costs a grace whenever the preferred worker cannot take the job at once, and
+between workers that score alike it buys nothing (any of them is as good), so the job is left to the first that
+claims it (`near_tie`). 0.05 is an eighth of the load weight, one slot of eight."""
 RECORDED_CANDIDATES = 20
 """The candidates a job's `route` lists, best first (with `candidates_total`): every candidate up to 20 workers;
 beyond, the row would hold kilobytes per job (about 200 bytes per candidate) that no reader needs. `tenure route`
@@ -161,7 +166,8 @@ class Decision:
     """`preferred` (the best of several candidates with a free slot), `local` (the admitting gateway's inline
     worker had room: the local fast path, control/routing.LocalPath; no candidates scored), `only_candidate` (one
     candidate: nothing to choose, no preference set), `no_free_slot` (no candidate had an estimated free slot),
-    `no_candidate`."""
+    `no_candidate`, `near_tie` (the two best candidates with a free slot scored within `ROUTE_MARGIN`: either is as
+    good, so no preference is set and the first to claim takes it)."""
     candidates: tuple[Candidate, ...]
     weights: tuple[float, float, float]
     limit_ms: float
@@ -256,9 +262,17 @@ def decide(
         preferred, reason = None, "only_candidate"
     elif best_free is None:
         preferred, reason = None, "no_free_slot"
+    elif _near_tie(ranked):
+        preferred, reason = None, "near_tie"
     else:
         preferred, reason = best_free, "preferred"
     return Decision(preferred, reason, tuple(ranked), w, limit_ms, tuple(sorted(set(prefers))), strict, total)
+
+
+def _near_tie(ranked: Sequence[Candidate]) -> bool:
+    """Whether the two best candidates with a free slot score within `ROUTE_MARGIN` of each other."""
+    free = [c.score for c in ranked if c.free][:2]
+    return len(free) == 2 and free[0] - free[1] < ROUTE_MARGIN
 
 
 def strict_requires(prefers: Iterable[str]) -> frozenset[str]:
@@ -283,6 +297,7 @@ def explain(
         if preferred is not None:
             return f"grace for preferred worker {preferred} ended; not claimed yet (any capable worker may claim it)"
         return {
+            "near_tie": "the best candidates scored alike (no preference); not claimed yet",
             "only_candidate": "only candidate; not claimed yet",
             "no_free_slot": "no candidate had a free slot; not claimed yet (any capable worker may claim it)",
             "no_candidate": "no live candidate when admitted; not claimed yet",
@@ -297,6 +312,8 @@ def explain(
         return f"claimed by {claimed_by} (preferred worker was {preferred})"
     if reason == "only_candidate":
         return f"only candidate; claimed by {claimed_by}"
+    if reason == "near_tie":
+        return f"the best candidates scored alike (no preference); claimed by {claimed_by}"
     if reason == "no_free_slot":
         return f"no candidate had a free slot; claimed by {claimed_by}"
     if reason == "no_candidate":

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 from tenure.backends import _rows, _rules
 from tenure.backends.sqlite import keys
+from tenure.backends.sqlite._claims import claim_sql
 from tenure.backends.sqlite._connection import Q
 from tenure.contracts.types import Claim, Finish, Start, Started, new_id, new_token
 
@@ -67,7 +68,7 @@ def claim_and_start_in(
     executions = json.dumps([new_id() for _ in range(limit)])
     args = (worker_id, json.dumps(list(agents)), json.dumps(list(capabilities)), limit, ttl_s, token, executions)
     out = []
-    for r in db.execute(Q["claim_and_start"], args).fetchall():
+    for r in db.execute(claim_sql("claim_and_start", len(agents)), args).fetchall():
         claim = _rows.claim(r, token, attempts=r["attempts"] - 1)  # the start added one attempt to the claim's
         f = claim.fence
         payload = json.dumps({"worker_id": worker_id, "attempt": r["attempts"]})

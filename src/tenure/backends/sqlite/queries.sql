@@ -94,22 +94,23 @@ SELECT id, tenant, agent, input, priority, requires, state, owner, epoch, execut
  WHERE {state_served} AND tenant = ?1 AND lower(state) = ?2 AND (?3 IS NULL OR agent = ?3) AND (?4 IS NULL OR id < ?4)
  ORDER BY id DESC LIMIT ?5
 
--- name: has_claimable --
--- Cheap read-only probe: is anything claimable? (Saves taking the write lock for nothing.) INDEXED BY: see
--- claim_jobs.
-SELECT 1 FROM jobs INDEXED BY jobs_ready WHERE state = 'queued' AND owner IS NULL AND key_wait = 0 LIMIT 1
+-- name: claim_probe --
+-- Read-only, before the claim takes the write lock: is anything claimable by this worker now (its agents ?2 and
+-- capabilities ?3, and no job preferred to another worker in its grace; ?4 is the claim's limit)? The claim's own
+-- candidates, so an idle poll, or a worker woken for a job preferred to another, never queues behind the writer.
+SELECT 1 FROM ({candidates}) LIMIT 1
 
--- name: claim_jobs --
--- The claim CAS, batched: take up to ?4 claimable jobs with epoch + 1 and the token. The candidates are read from
--- the head of jobs_ready (INDEXED BY): left to itself, SQLite's planner picked jobs_state_id (state, id) and
--- sorted every queued job for each claim, 51 ms per job behind 100,000 queued (bench/backlog.py).
-UPDATE jobs
-   SET owner = ?1, claimed_at = {now}, claim_expires_at = {now} + ?5, epoch = epoch + 1, token = ?6,
-       updated_at = {now}
- WHERE id IN (
-        SELECT id FROM jobs INDEXED BY jobs_ready
+-- name: claim_candidates --
+-- The candidates of a claim (claim_jobs, claim_and_start): up to ?4 claimable jobs best first (priority, tenant
+-- turn, age) that worker ?1 may run (agents ?2, capabilities ?3, not preferred to another worker in its grace).
+-- The index and the agent filter are filled in by _claims.py: a worker of a few agents reads the head of
+-- jobs_ready_agent for each of them (`agent = json_extract(?2, '$[i]')`) and merges them, so a backlog of an agent
+-- it does not serve costs it nothing; one of many agents reads the head of jobs_ready. Either is pinned (INDEXED
+-- BY): left to itself, SQLite's planner picked a state index and sorted every queued job for each claim, 51 ms
+-- per job behind 100,000 queued (bench/backlog.py).
+SELECT id, priority, fair_at FROM jobs INDEXED BY {index}
          WHERE state = 'queued' AND owner IS NULL AND key_wait = 0
-           AND agent IN (SELECT value FROM json_each(?2))
+           AND {agent}
            AND (requires = '' OR NOT EXISTS (
                  SELECT 1 FROM json_each('["' || replace(requires, ',', '","') || '"]') AS r
                   WHERE r.value NOT IN (SELECT value FROM json_each(?3))
@@ -117,8 +118,17 @@ UPDATE jobs
                          OR substr(r.value, 1, instr(r.value, '/')) || '*' NOT IN (SELECT value FROM json_each(?3)))))
            AND (deadline IS NULL OR deadline > {now})
            AND (preferred_worker IS NULL OR preferred_worker = ?1 OR preferred_until <= {now})
-         ORDER BY priority DESC, fair_at, id
-         LIMIT ?4)
+ ORDER BY priority DESC, fair_at, id
+ LIMIT ?4
+
+-- name: claim_jobs --
+-- The claim CAS, batched: take up to ?4 claimable jobs with epoch + 1 and the token. Its candidates are
+-- claim_candidates, filled in per worker (_claims.py).
+UPDATE jobs
+   SET owner = ?1, claimed_at = {now}, claim_expires_at = {now} + ?5, epoch = epoch + 1, token = ?6,
+       updated_at = {now}
+ WHERE id IN (
+        SELECT id FROM ({candidates}))
    AND state = 'queued' AND owner IS NULL AND key_wait = 0 AND claimed_at IS NULL AND execution_id IS NULL
    AND execution_started_at IS NULL
 RETURNING id, epoch, agent, input, attempts, max_attempts, timeout_s, retry_safe, tenant, created_at, claimed_at, mode_effective AS mode
@@ -130,19 +140,7 @@ RETURNING id, epoch, agent, input, attempts, max_attempts, timeout_s, retry_safe
 -- two. ?7 is a JSON array of execution ids, one per candidate in the claim's order. Keep in step with claim_jobs
 -- and start_execution (tests/unit/test_misc.py compares them).
 WITH c AS (
-    SELECT id, row_number() OVER (ORDER BY priority DESC, fair_at, id) - 1 AS n FROM (
-        SELECT id, priority, fair_at FROM jobs INDEXED BY jobs_ready
-         WHERE state = 'queued' AND owner IS NULL AND key_wait = 0
-           AND agent IN (SELECT value FROM json_each(?2))
-           AND (requires = '' OR NOT EXISTS (
-                 SELECT 1 FROM json_each('["' || replace(requires, ',', '","') || '"]') AS r
-                  WHERE r.value NOT IN (SELECT value FROM json_each(?3))
-                    AND (instr(r.value, '/') = 0
-                         OR substr(r.value, 1, instr(r.value, '/')) || '*' NOT IN (SELECT value FROM json_each(?3)))))
-           AND (deadline IS NULL OR deadline > {now})
-           AND (preferred_worker IS NULL OR preferred_worker = ?1 OR preferred_until <= {now})
-         ORDER BY priority DESC, fair_at, id
-         LIMIT ?4)
+    SELECT id, row_number() OVER (ORDER BY priority DESC, fair_at, id) - 1 AS n FROM ({candidates})
 )
 UPDATE jobs
    SET owner = ?1, claimed_at = {now}, claim_expires_at = {now} + ?5, epoch = epoch + 1, token = ?6,

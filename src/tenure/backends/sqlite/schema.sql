@@ -36,6 +36,8 @@ CREATE TABLE jobs (
 CREATE UNIQUE INDEX jobs_idem ON jobs (tenant, idem_digest) WHERE idem_digest IS NOT NULL;
 -- (the columns after finished_at were added by migrations 0006, 0009 and 0011, whose ALTER TABLE wrote them on one line)
 CREATE INDEX jobs_ready ON jobs (priority DESC, fair_at, id) WHERE state = 'queued' AND owner IS NULL AND key_wait = 0;
+-- The same per agent: a worker of a few agents reads each one's head (_claims.py, migration 0012).
+CREATE INDEX jobs_ready_agent ON jobs (agent, priority DESC, fair_at, id) WHERE state = 'queued' AND owner IS NULL AND key_wait = 0;
 CREATE INDEX jobs_tenant_turn ON jobs (tenant, priority, fair_at) WHERE state = 'queued' AND owner IS NULL AND key_wait = 0;
 CREATE INDEX jobs_owned ON jobs (owner, claim_expires_at) WHERE owner IS NOT NULL;
 CREATE INDEX jobs_scheduled ON jobs (next_attempt_at) WHERE state = 'scheduled';

@@ -17,6 +17,7 @@ from tenure.backends import _rows, _rules
 from tenure.backends._queries import load_migrations
 from tenure.backends.sqlite import keys
 from tenure.backends.sqlite._children import ChildReads
+from tenure.backends.sqlite._claims import claim_sql
 from tenure.backends.sqlite._connection import NOW, Q, SqliteConnection, split_sql
 from tenure.backends.sqlite._registry import RegistryOps
 from tenure.backends.sqlite._state_pages import per_state
@@ -239,9 +240,9 @@ class SqliteStore(keys.SchedulingReads, AuditWrites, RegistryOps, ChildReads):
 
         def fn() -> list[Any]:
             # Probe without the write lock first: an idle poll must not queue behind busy writers.
-            if conn.db.execute(Q["has_claimable"]).fetchone() is None:
+            if conn.db.execute(claim_sql("claim_probe", len(agents)), args[:4]).fetchone() is None:
                 return []
-            return conn.tx(lambda db: db.execute(Q["claim_jobs"], args).fetchall(), durable=False)
+            return conn.tx(lambda db: db.execute(claim_sql("claim_jobs", len(agents)), args).fetchall(), durable=False)
 
         rows = await conn.run(fn, "claim")
         return [_rows.claim(r, token) for r in rows]
@@ -253,9 +254,11 @@ class SqliteStore(keys.SchedulingReads, AuditWrites, RegistryOps, ChildReads):
             return []
         conn = self.connection
 
+        probe = (worker_id, json.dumps(list(agents)), json.dumps(list(capabilities)), limit)
+
         def fn() -> list[tuple[Claim, Started]]:
             # Probe without the write lock first, as `claim` does.
-            if conn.db.execute(Q["has_claimable"]).fetchone() is None:
+            if conn.db.execute(claim_sql("claim_probe", len(agents)), probe).fetchone() is None:
                 return []
             return conn.tx(lambda db: claim_and_start_in(db, worker_id, agents, capabilities, limit, ttl_s))
 
