@@ -14,11 +14,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
-import tempfile
 import time
-import uuid
 
-import asyncpg
+from _scratch import scratch_url
 
 from tenure.app import open_backends
 from tenure.contracts.profile import specs_json
@@ -70,19 +68,8 @@ async def main() -> None:
     args = p.parse_args()
     print(f"{'workers':>8}  {'registry read':>14}  {'admit, app agent':>17}  {'admit, registry agent':>22}  reads")
     for n in (10, 100, 1000):
-        if args.database_url:
-            schema = "bench_" + uuid.uuid4().hex[:10]
-            conn = await asyncpg.connect(args.database_url)
-            await conn.execute(f"CREATE SCHEMA {schema}")
-            sep = "&" if "?" in args.database_url else "?"
-            try:
-                r = await run(f"{args.database_url}{sep}search_path={schema}", n, args.admits)
-            finally:
-                await conn.execute(f"DROP SCHEMA {schema} CASCADE")
-                await conn.close()
-        else:
-            with tempfile.TemporaryDirectory() as d:
-                r = await run(f"sqlite:///{d}/bench.db", n, args.admits)
+        async with scratch_url(args.database_url) as url:
+            r = await run(url, n, args.admits)
         print(
             f"{n:>8}  {r['read_ms']:>11.2f} ms  {r['app_ms']:>14.3f} ms  {r['registry_ms']:>19.3f} ms  "
             f"{int(r['reads_during_admits']):>5}"

@@ -171,24 +171,22 @@ def _seconds_or_off(name: str, text: str) -> float | None:
     return None if text.strip() in ("0", "off") else _pos_float(name, text)
 
 
-def _pos_int(name: str, text: str) -> int:
+def _int_at_least(name: str, text: str, least: int) -> int:
     try:
         value = int(text)
     except ValueError:
         raise ConfigError(f"{name} must be a whole number, not {text!r}") from None
-    if value < 1:
-        raise ConfigError(f"{name} must be at least 1, not {value}")
+    if value < least:
+        raise ConfigError(f"{name} must be at least {least}, not {value}")
     return value
+
+
+def _pos_int(name: str, text: str) -> int:
+    return _int_at_least(name, text, 1)
 
 
 def _nonneg_int(name: str, text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise ConfigError(f"{name} must be a whole number, not {text!r}") from None
-    if value < 0:
-        raise ConfigError(f"{name} must be at least 0, not {value}")
-    return value
+    return _int_at_least(name, text, 0)
 
 
 def _port(name: str, text: str) -> int | None:
