@@ -77,6 +77,7 @@ class Up:
     ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.database_url = database_url
         self.log_path = log_dir / f"{name}.log"
         full = {k: v for k, v in os.environ.items() if not k.startswith("TENURE_")}
         full.update(FAST)

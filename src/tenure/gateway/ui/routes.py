@@ -213,11 +213,12 @@ class Dashboard(OpsPages, JobPages):
     async def job(self, request: Request) -> Response:
         async def build(who: Principal) -> Response:
             job = await self._load_job(request, who)
-            executions, events, now, timeline = await asyncio.gather(
+            executions, events, now, timeline, route = await asyncio.gather(
                 self.gw.store.list_executions(job.id),
                 self.gw.store.read_events(job.id, None, 1000),
                 self.gw.store.server_time(),
                 self._timeline(request, job, who),
+                self.gw.jobs.route(job),  # as GET /v1/jobs/{id} shows it (docs/routing.md)
             )
             return self._render(
                 request,
@@ -230,6 +231,7 @@ class Dashboard(OpsPages, JobPages):
                 cursor=events[-1].cursor if events else "",
                 now=now,
                 more_events=len(events) == 1000,
+                route=route,
                 **timeline,
             )
 
