@@ -2,69 +2,13 @@
 -- Times are the server's clock; times returned to Python are epoch seconds (float8).
 
 -- name: enqueue_jobs --
--- Insert a batch of jobs, skipping any whose (tenant, idempotency digest) exists; one NOTIFY if any row was new.
--- Answers the rows as inserted (the columns of `get_job`), so admission answers without reading them again.
--- When a row was inserted, the statement's transaction commits without waiting for its WAL flush
--- (synchronous_commit off, set for this transaction only): the jobs and the NOTIFY are visible to workers one
--- fsync sooner. The caller then runs `flush_barrier` before it reports the jobs as accepted; see there.
-WITH x AS (
-    SELECT u.*, row_number() OVER (PARTITION BY u.tenant, u.priority ORDER BY u.ord) - 1 AS nth
-      FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::int2[], $6::text[], $7::bytea[],
-                  $8::bytea[], $9::float8[], $10::int4[], $11::float8[], $12::bool[], $13::text[], $14::int4[],
-                  $15::bool[], $16::text[], $17::text[], $18::text[], $19::float8[], $20::uuid[], $21::uuid[],
-                  $22::text[], $23::float8[], $24::text[])
-           WITH ORDINALITY
-           AS u(id, tenant, agent, input, priority, requires, idem_digest, fingerprint, deadline_s,
-                max_attempts, timeout_s, retry_safe, ckey, key_limit, key_wait, mode_requested, mode_effective,
-                degraded_reason, fair_step, parent_job_id, parent_execution_id, preferred_worker, grace_s, route,
-                ord)
-), turn AS MATERIALIZED (
-    -- Where each (tenant, priority) of the batch starts its turns (start-time fair queuing): one step after the
-    -- tenant's last turn among the claimable jobs of that priority, but never before the head of the line (a
-    -- tenant that had nothing queued starts at the head). Two index probes per group, not per row: MATERIALIZED,
-    -- or the planner inlines them into the insert's join, once per row, each probe walking back over the index
-    -- entries of the rows this statement inserted before it (invisible to it: O(batch²)).
-    SELECT g.tenant, g.priority, g.fair_step,
-           greatest((SELECT max(t.fair_at) FROM jobs AS t
-                      WHERE t.tenant = g.tenant AND t.priority = g.priority AND t.state = 'queued'
-                        AND t.owner IS NULL AND NOT t.key_wait) + g.fair_step,
-                    coalesce((SELECT h.fair_at FROM jobs AS h
-                               WHERE h.priority = g.priority AND h.state = 'queued' AND h.owner IS NULL
-                                 AND NOT h.key_wait
-                               ORDER BY h.priority DESC, h.fair_at, h.id LIMIT 1), 0)) AS start
-      FROM (SELECT tenant, priority, min(fair_step) AS fair_step FROM x GROUP BY tenant, priority) AS g
-), ins AS (
-    -- fair_at: the batch's jobs of one tenant follow one another from its group's start (nth).
-    INSERT INTO jobs (id, tenant, agent, input, priority, requires, idem_digest, request_fingerprint,
-                      deadline, max_attempts, timeout_s, retry_safe, concurrency_key, key_limit, key_wait,
-                      mode_requested, mode_effective, degraded_reason, parent_job_id, parent_execution_id, fair_at,
-                      preferred_worker, preferred_until, route)
-    SELECT x.id, x.tenant, x.agent, x.input::json, x.priority, string_to_array(x.requires, ','),
-           x.idem_digest, x.fingerprint, now() + make_interval(secs => x.deadline_s),
-           x.max_attempts, x.timeout_s, x.retry_safe, x.ckey, x.key_limit, x.key_wait, x.mode_requested,
-           x.mode_effective, x.degraded_reason, x.parent_job_id, x.parent_execution_id,
-           turn.start + x.nth * turn.fair_step,
-           x.preferred_worker, now() + make_interval(secs => x.grace_s), x.route
-      FROM x JOIN turn ON turn.tenant = x.tenant AND turn.priority = x.priority
-    ON CONFLICT (tenant, idem_digest) WHERE idem_digest IS NOT NULL DO NOTHING
-    RETURNING id::text, tenant, agent, input::text, priority, requires, state, owner, epoch, execution_id::text,
-              attempts, max_attempts, timeout_s, retry_safe, result::text, error_code, error_message,
-              extract(epoch FROM created_at)::float8 AS created_at,
-              extract(epoch FROM updated_at)::float8 AS updated_at,
-              extract(epoch FROM claimed_at)::float8 AS claimed_at,
-              extract(epoch FROM claim_expires_at)::float8 AS claim_expires_at,
-              extract(epoch FROM execution_started_at)::float8 AS execution_started_at,
-              extract(epoch FROM next_attempt_at)::float8 AS next_attempt_at,
-              extract(epoch FROM deadline)::float8 AS deadline,
-              extract(epoch FROM cancel_requested_at)::float8 AS cancel_requested_at,
-              extract(epoch FROM finished_at)::float8 AS finished_at,
-              concurrency_key, key_wait, mode_requested, mode_effective, degraded_reason,
-              parent_job_id::text, parent_execution_id::text
-), wake AS (
-    SELECT pg_notify('tenure_jobs', ''), set_config('synchronous_commit', 'off', true)
-      FROM (SELECT 1 FROM ins LIMIT 1) AS one
-)
-SELECT ins.*, (SELECT count(*) FROM wake) AS woke FROM ins
+-- Insert a batch of jobs (parallel arrays, _batches.jobs), skipping any whose (tenant, idempotency digest)
+-- exists: the function of migration 0014, which says why the statement is a function and what it does; the caller
+-- runs `flush_barrier` before it reports the jobs as accepted.
+SELECT * FROM tenure_enqueue($1::uuid[], $2::text[], $3::text[], $4::text[], $5::int2[], $6::text[], $7::bytea[],
+                             $8::bytea[], $9::float8[], $10::int4[], $11::float8[], $12::bool[], $13::text[],
+                             $14::int4[], $15::bool[], $16::text[], $17::text[], $18::text[], $19::float8[],
+                             $20::uuid[], $21::uuid[], $22::text[], $23::float8[], $24::text[])
 
 -- name: flush_barrier --
 -- A transaction that writes one WAL record (a transactional logical message, prefix `tenure`, empty body; no
