@@ -26,6 +26,7 @@ from tenure.contracts.types import (
     new_id,
 )
 from tenure.control.admission import Admission, JobRequest
+from tenure.control.gate import CircuitOpen, GateConfig, QueueFull
 
 AGENTS = {
     "echo": AgentSpec("echo"),
@@ -553,6 +554,42 @@ async def test_admission_state_reads_the_queue_depth_and_the_circuit_together(st
     assert state.circuit.failures == 2 and 55 < state.circuit.open_for_s <= 60
     assert (await store.admission_state("c", "agent:other", 2, 600, 60)).circuit.failures == 0
     assert (await store.admission_state("c", "agent:echo", 2, 600, 60)).queued_tenant == 0
+
+
+async def test_the_enqueue_makes_the_gates_read_and_refuses_past_a_cap_writing_nothing(store: Store) -> None:
+    # Gate.ask hands the read to the enqueue (PostgreSQL: tenure_enqueue's own guard, then the gate's rule on the
+    # state it read; SQLite: the rule inside the write transaction). At the cap exactly a job is admitted, one more
+    # is refused; a guard that refused one early (>= for >) makes the rule disagree and fails this.
+    gated = Admission(store, AGENTS, gate=GateConfig(max_queued=3, max_queued_per_tenant=2))
+
+    async def waiting() -> int:
+        return (await store.queue_depth("a"))[0]
+
+    await gated.admit(JobRequest("echo", 1, tenant="a"))
+    await gated.admit(JobRequest("echo", 2, tenant="a"))  # the tenant's cap, exactly
+    with pytest.raises(QueueFull, match="tenant 'a' has 2 jobs waiting to start; the limit is 2"):
+        await gated.admit(JobRequest("echo", 3, tenant="a"))
+    with pytest.raises(QueueFull, match="tenant 'a' has 2"):  # keyed: the enqueue's other path, the same rule
+        await gated.admit(JobRequest("echo", 4, tenant="a", concurrency_key="thread-1"))
+    await gated.admit(JobRequest("echo", 5, tenant="b"))  # the global cap, exactly
+    with pytest.raises(QueueFull, match="3 jobs are waiting to start; the limit is 3"):
+        await gated.admit(JobRequest("echo", 6, tenant="c"))
+    assert await waiting() == 3
+    claim = await claim_one(store)
+    await start_one(store, claim)
+    await gated.admit(JobRequest("echo", 7, tenant="c"))  # room again: a job started
+    assert await waiting() == 3
+
+    await store.record_circuit_failure("agent:safe")
+    breaker = Admission(store, AGENTS, gate=GateConfig(max_queued=100, max_queued_per_tenant=100, breaker_threshold=2))
+    await breaker.admit(JobRequest("safe", 1, tenant="d"))  # one failure of two: closed
+    await store.record_circuit_failure("agent:safe")
+    with pytest.raises(CircuitOpen, match="agent 'safe' timed out 2 times"):
+        await breaker.admit(JobRequest("safe", 2, tenant="d"))
+    with pytest.raises(CircuitOpen):
+        await breaker.admit(JobRequest("safe", 3, tenant="d", concurrency_key="k"))
+    await breaker.admit(JobRequest("echo", 4, tenant="d"))  # another agent's circuit
+    assert (await store.queue_depth("d"))[1] == 2
 
 
 async def test_cancel_answers_by_the_jobs_state(store: Store) -> None:

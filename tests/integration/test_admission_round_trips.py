@@ -1,5 +1,6 @@
-"""The gateway's submit path on PostgreSQL, counted in round trips: the gate's one read, the insert and its
-flush barrier (it was five: the circuit, the queue depth, the insert, the barrier and a re-read of the job)."""
+"""The gateway's submit path on PostgreSQL, counted in round trips: the insert, which makes the gate's read
+(`Gate.ask`), and its flush barrier (it was five: the circuit, the queue depth, the insert, the barrier and a
+re-read of the job; then three, with the gate's read on its own)."""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ def count_statements(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return sent
 
 
-async def test_a_gateway_submit_costs_three_round_trips(pg_database_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_gateway_submit_costs_two_round_trips(pg_database_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     settings = Settings.of(database_url=pg_database_url)
     backends = await open_backends(settings)
     try:
@@ -46,12 +47,12 @@ async def test_a_gateway_submit_costs_three_round_trips(pg_database_url: str, mo
             sent = count_statements(monkeypatch)
             r = await http.post("/v1/jobs", json={"agent": "echo", "input": {"n": 1}})
             assert r.status_code == 201 and r.json()["input"] == {"n": 1} and r.json()["state"] == "queued"
-            assert len(sent) == 3, sent  # admission_state, enqueue_jobs, flush_barrier
+            assert len(sent) == 2, sent  # enqueue_jobs (with the gate's read), flush_barrier
             del sent[:]
             r = await http.post("/v1/jobs", json={"agent": "echo", "input": 2}, headers={"Idempotency-Key": "k"})
             again = await http.post("/v1/jobs", json={"agent": "echo", "input": 2}, headers={"Idempotency-Key": "k"})
             assert (r.status_code, again.status_code) == (201, 200) and again.json() == r.json()
-            assert len(sent) == 3 + 4, sent  # a replay: the gate, the insert, the existing job, the barrier
+            assert len(sent) == 2 + 3, sent  # a replay: the insert (and the gate), the existing job, the barrier
     finally:
         await backends.close()
 
@@ -69,7 +70,8 @@ async def test_the_enqueue_is_a_function_that_keeps_its_generic_plan(pg_database
     conn = await asyncpg.connect(pg_database_url)
     try:
         config = await conn.fetchval(
-            "SELECT proconfig FROM pg_proc WHERE proname = 'tenure_enqueue' AND pronamespace = current_schema()::regnamespace"
+            "SELECT proconfig FROM pg_proc WHERE proname = 'tenure_enqueue'"
+            " AND pronamespace = current_schema()::regnamespace"
         )
     finally:
         await conn.close()

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from tenure.contracts.audit import AuditRecord, BudgetUse, StepRecord, StoredRecord
 from tenure.contracts.children import ChildJob
 from tenure.contracts.profile import JobRoute, WorkerRecord
-from tenure.contracts.reports import AdmissionState, CircuitState, StoreHealth, WaitingInfo
+from tenure.contracts.reports import AdmissionState, CircuitState, GateAsk, StoreHealth, WaitingInfo
 from tenure.contracts.states import WorkerState
 from tenure.contracts.store import JobStore, OffloadStats, Signals
 from tenure.contracts.types import (
@@ -96,8 +96,8 @@ class AfterCommit:
         await self.store.close()
 
     # -- admission -----------------------------------------------------------------------------------------------
-    async def enqueue(self, jobs: Sequence[NewJob]) -> list[Enqueued]:
-        out = await self.store.enqueue(jobs)
+    async def enqueue(self, jobs: Sequence[NewJob], gate: GateAsk | None = None) -> list[Enqueued]:
+        out = await self.store.enqueue(jobs, gate)
         if any(e.created for e in out):
             self.signals.jobs_changed()
         interrupted = [j for e in out for j in e.interrupted]

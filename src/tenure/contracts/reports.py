@@ -4,7 +4,7 @@ and what admission's gate reads (`JobStore.admission_state`, `circuit_state`).""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 
@@ -68,3 +68,23 @@ class AdmissionState:
     queued: int
     queued_tenant: int
     circuit: CircuitState
+
+
+@dataclass(frozen=True, slots=True)
+class GateAsk:
+    """The gate's read of one (tenant, agent), handed to `JobStore.enqueue` so that the store reads the admission
+    state in the enqueue's own round trip (PostgreSQL) or write transaction (SQLite), before it inserts anything.
+
+    `verdict(state)` is the rule (control/gate.py): it raises `QueueFull` or `CircuitOpen` to refuse, and nothing
+    is written. A store that decides in SQL refuses on the same thresholds, then calls `verdict` for the answer:
+    more than `total_max` jobs waiting in all, more than `tenant_max` of the tenant, or the circuit open (at least
+    `threshold` failures within `window_s`, the latest less than `open_s` ago)."""
+
+    tenant: str
+    circuit_key: str
+    threshold: int
+    window_s: float
+    open_s: float
+    total_max: int
+    tenant_max: int
+    verdict: Callable[[AdmissionState], None]

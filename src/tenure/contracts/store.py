@@ -30,7 +30,7 @@ from tenure.contracts.audit import AuditRecord, BudgetUse, StepRecord, StoredRec
 from tenure.contracts.children import ChildJob
 from tenure.contracts.leases import WAIT_SUFFIX, LeaseRef, Leases, line_key, new_ticket, ticket_holder
 from tenure.contracts.profile import JobRoute, WorkerRecord
-from tenure.contracts.reports import AdmissionState, CircuitState, StoreHealth, WaitingInfo
+from tenure.contracts.reports import AdmissionState, CircuitState, GateAsk, StoreHealth, WaitingInfo
 from tenure.contracts.states import JobState, WorkerState
 from tenure.contracts.types import (
     Claim,
@@ -138,10 +138,11 @@ class JobStore(Protocol):
         ...
 
     # -- admission -----------------------------------------------------------------------------------------
-    async def enqueue(self, jobs: Sequence[NewJob]) -> list[Enqueued]:
+    async def enqueue(self, jobs: Sequence[NewJob], gate: GateAsk | None = None) -> list[Enqueued]:
         """Insert jobs; answer each with the job as inserted. A job whose (tenant, idempotency digest) exists is
         not inserted: its answer is the existing job when the request fingerprint matches, else
-        `IdempotencyConflict`."""
+        `IdempotencyConflict`. With `gate`, the admission state of its (tenant, agent) is read first, in the same
+        round trip or transaction, and `gate.verdict` raises to refuse (nothing is written)."""
         ...
 
     async def get_job(self, job_id: str, tenant: str | None = None) -> Job | None:

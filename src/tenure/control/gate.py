@@ -2,9 +2,12 @@
 
 Every count lives in the shared store, so two gateways — and a gateway and a `tenure submit` beside it — answer
 alike (seed 004's open gap): the caps count queued and scheduled jobs in the database, and a circuit's window of
-timeouts is a table, not a counter in one process. Both are read in one round trip (`Store.admission_state`).
-The count and the insert are two statements, so concurrent admissions can overshoot a cap by at most the number
-of admissions in flight at that moment.
+timeouts is a table, not a counter in one process. An admission of one (tenant, agent) — every single submit —
+hands its check to the enqueue (`Gate.ask`, `JobStore.enqueue(jobs, gate)`): the store reads both in the
+enqueue's own round trip on PostgreSQL and in its write transaction on SQLite, before it inserts. On SQLite the
+write lock makes the count and the insert one step; on PostgreSQL they are one statement, whose snapshot does not
+see another gateway's insert in flight, so concurrent admissions can overshoot a cap by at most the number of
+admissions in flight at that moment. A batch of several pairs reads each first (`Store.admission_state`).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from tenure.contracts.errors import TenureError
+from tenure.contracts.reports import AdmissionState, GateAsk
 from tenure.contracts.store import Store
 
 
@@ -68,15 +72,45 @@ class Gate:
 
     async def check(self, demand: Mapping[tuple[str, str], int]) -> None:
         """Whether `demand` — how many jobs of each (tenant, agent) one admission asks for at once — may be
-        admitted: every agent's circuit is closed, and no cap would be passed by the whole of it."""
+        admitted: every agent's circuit is closed, and no cap would be passed by the whole of it. One read per
+        (tenant, agent); an admission of one pair can instead hand `ask(demand)` to the enqueue."""
+        cfg = self.config
+        states = {}
+        for tenant, agent in demand:
+            states[(tenant, agent)] = await self.store.admission_state(
+                tenant, f"agent:{agent}", cfg.breaker_threshold, cfg.breaker_window_s, cfg.breaker_open_s
+            )
+        self.decide(demand, states)
+
+    def ask(self, demand: Mapping[tuple[str, str], int]) -> GateAsk | None:
+        """The check of a demand of one (tenant, agent), for the store to make in the enqueue's own round trip
+        (`JobStore.enqueue(jobs, gate)`); None for a demand of several pairs (`check` reads each)."""
+        if len(demand) != 1:
+            return None
+        ((tenant, agent), asked), cfg = next(iter(demand.items())), self.config
+
+        def verdict(state: AdmissionState) -> None:
+            self.decide(demand, {(tenant, agent): state})
+
+        return GateAsk(
+            tenant,
+            f"agent:{agent}",
+            cfg.breaker_threshold,
+            cfg.breaker_window_s,
+            cfg.breaker_open_s,
+            total_max=cfg.max_queued - asked,
+            tenant_max=cfg.max_queued_per_tenant - asked,
+            verdict=verdict,
+        )
+
+    def decide(self, demand: Mapping[tuple[str, str], int], states: Mapping[tuple[str, str], AdmissionState]) -> None:
+        """The rule: raise `CircuitOpen` or `QueueFull` unless `demand` may be admitted on the `states` read for
+        its pairs (the observer is told of each circuit). `GateAsk.refuses` states the same thresholds."""
         cfg = self.config
         total = 0
         queued_of: dict[str, int] = {}
-        for tenant, agent in demand:
+        for (tenant, agent), state in states.items():
             key = f"agent:{agent}"
-            state = await self.store.admission_state(
-                tenant, key, cfg.breaker_threshold, cfg.breaker_window_s, cfg.breaker_open_s
-            )
             circuit = state.circuit
             if self.observer is not None:
                 self.observer(tenant, key, circuit.open_for_s > 0)

@@ -17,6 +17,7 @@ from typing import Protocol
 
 from tenure.contracts.errors import AgentQueueFull
 from tenure.contracts.profile import offers
+from tenure.contracts.reports import GateAsk
 from tenure.contracts.states import WorkerState
 from tenure.contracts.store import Store
 from tenure.contracts.types import AgentSpec, Enqueued, NewJob
@@ -180,13 +181,14 @@ class Router:
             return job
         return dataclasses.replace(job, queue_cap=spec.max_queued, queue_cap_mode=job.mode_effective if spec.modes else None)
 
-    async def enqueue(self, jobs: Sequence[NewJob]) -> tuple[list[NewJob], list[Enqueued]]:
-        """Enqueue `jobs` (all or nothing), degrading a job whose agent's queue is full, as often as needed."""
+    async def enqueue(self, jobs: Sequence[NewJob], gate: GateAsk | None = None) -> tuple[list[NewJob], list[Enqueued]]:
+        """Enqueue `jobs` (all or nothing), degrading a job whose agent's queue is full, as often as needed; `gate`
+        (`Gate.ask`) is checked by the enqueue itself."""
         todo = [self.capped(j) for j in jobs]
         tried = {j.id: [j.agent] for j in todo}
         while True:
             try:
-                return todo, await self.store.enqueue(todo)
+                return todo, await self.store.enqueue(todo, gate)
             except AgentQueueFull as full:
                 i = next(n for n, j in enumerate(todo) if j.id == full.job_id)
                 todo[i] = self._fallback(todo[i], full, tried[full.job_id])

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from tenure.backends import _rules
+from tenure.contracts.reports import GateAsk
 from tenure.contracts.types import Fence, Finish, NewEvent, NewJob, Start
 
 
@@ -74,6 +75,13 @@ def jobs(jobs: Sequence[NewJob], key_wait: bool = False) -> list[list[Any]]:
         ),
         24,
     )
+
+
+def gate(ask: GateAsk | None) -> list[Any]:
+    """The gate's parameters of `enqueue_jobs` ($25..$31): the read `ask` hands to the enqueue, or NULLs."""
+    if ask is None:
+        return [None] * 7
+    return [ask.tenant, ask.circuit_key, ask.window_s, ask.threshold, ask.open_s, ask.total_max, ask.tenant_max]
 
 
 def finishes(finishes: Sequence[Finish]) -> list[list[Any]]:

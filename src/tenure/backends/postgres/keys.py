@@ -19,9 +19,10 @@ from tenure.backends import _rows, _rules
 from tenure.backends._queries import load_queries
 from tenure.backends.postgres import _batches
 from tenure.backends.postgres._connections import StoreConnections
+from tenure.backends.postgres._gate import check_gate
 from tenure.backends.postgres.audit import insert_budgets
 from tenure.contracts.errors import KeyBusy
-from tenure.contracts.reports import WaitingInfo
+from tenure.contracts.reports import GateAsk, WaitingInfo
 from tenure.contracts.types import Enqueued, NewJob, check_replay, is_uuid
 
 Q = load_queries("tenure.backends.postgres")
@@ -37,17 +38,22 @@ async def _live(conn: asyncpg.Connection, tenant: str, key: str) -> list[_rules.
     return [_rows.keyed(r) for r in await conn.fetch(Q["key_live"], tenant, key)]
 
 
-async def enqueue_mixed(db: StoreConnections, jobs: Sequence[NewJob], notify: bool) -> list[Enqueued]:
-    """A batch with keyed or capped jobs, all in one transaction (`enqueue_keyed`: all or nothing). The owners of
-    interrupted jobs are signalled (NOTIFY; without it, their next heartbeat reply tells them)."""
+async def enqueue_mixed(
+    db: StoreConnections, jobs: Sequence[NewJob], notify: bool, gate: GateAsk | None = None
+) -> list[Enqueued]:
+    """A batch with keyed or capped jobs, all in one transaction (`enqueue_keyed`: all or nothing), after the
+    gate's read when given. The owners of interrupted jobs are signalled (NOTIFY; without it, their next heartbeat
+    reply tells them)."""
     async with db.pooled("enqueue_keyed") as conn:
-        done, interrupted = await enqueue_keyed(conn, jobs)
+        done, interrupted = await enqueue_keyed(conn, jobs, gate)
         if interrupted and notify:
             await conn.execute(Q["notify_control"], interrupted)
     return [done[j.id] for j in jobs]
 
 
-async def enqueue_keyed(conn: asyncpg.Connection, jobs: Sequence[NewJob]) -> tuple[dict[str, Enqueued], list[str]]:
+async def enqueue_keyed(
+    conn: asyncpg.Connection, jobs: Sequence[NewJob], gate: GateAsk | None = None
+) -> tuple[dict[str, Enqueued], list[str]]:
     """Enqueue a batch in one transaction, under the locks of its capped agents and its keys: a capped job only
     while its agent's waiting jobs are under the cap (else `AgentQueueFull`), a keyed one as `_rules.key_plan`
     says. Returns the answers by job id and the jobs whose owner must be told to cancel (`interrupt`).
@@ -55,6 +61,8 @@ async def enqueue_keyed(conn: asyncpg.Connection, jobs: Sequence[NewJob]) -> tup
     out: dict[str, Enqueued] = {}
     interrupted: list[str] = []
     async with conn.transaction():
+        if gate is not None:
+            await check_gate(conn, gate)
         # Every agent's lock before every key's, each in order: two batches never wait for each other in a cycle.
         for agent, mode in sorted({(j.agent, j.queue_cap_mode or "") for j in jobs if j.queue_cap is not None}):
             await conn.execute(Q["cap_lock"], f"{agent}|{mode}")
@@ -73,7 +81,7 @@ async def enqueue_keyed(conn: asyncpg.Connection, jobs: Sequence[NewJob]) -> tup
                 waiting = int(await conn.fetchval(Q["queued_of_agent"], j.agent, j.queue_cap_mode))
                 _rules.check_queue_cap(j.id, j.agent, j.queue_cap, waiting)
             if j.concurrency_key is None:
-                (row,) = await conn.fetch(Q["enqueue_jobs"], *_batches.jobs([j]))
+                (row,) = await conn.fetch(Q["enqueue_jobs"], *_batches.jobs([j]), *_batches.gate(None))
                 out[j.id] = Enqueued(_rows.job(row), True)
                 continue
             plan = _rules.key_plan(j.multitask, j.key_limit, await _live(conn, j.tenant, j.concurrency_key))
@@ -82,7 +90,7 @@ async def enqueue_keyed(conn: asyncpg.Connection, jobs: Sequence[NewJob]) -> tup
                     f"concurrency key {j.concurrency_key!r} is busy: job {plan.reject} holds it (multitask reject)",
                     running_job_id=plan.reject,
                 )
-            (row,) = await conn.fetch(Q["enqueue_jobs"], *_batches.jobs([j], key_wait=plan.wait))
+            (row,) = await conn.fetch(Q["enqueue_jobs"], *_batches.jobs([j], key_wait=plan.wait), *_batches.gate(None))
             out[j.id] = Enqueued(_rows.job(row), True)
             ev = _rules.DROPPED_EVENT
             for job_id in plan.drop:

@@ -4,11 +4,12 @@
 -- name: enqueue_jobs --
 -- Insert a batch of jobs (parallel arrays, _batches.jobs), skipping any whose (tenant, idempotency digest)
 -- exists: the function of migration 0014, which says why the statement is a function and what it does; the caller
--- runs `flush_barrier` before it reports the jobs as accepted.
+-- runs `flush_barrier` before it reports the jobs as accepted. $25..$31: the gate's read (`Gate.ask`), or NULLs.
 SELECT * FROM tenure_enqueue($1::uuid[], $2::text[], $3::text[], $4::text[], $5::int2[], $6::text[], $7::bytea[],
                              $8::bytea[], $9::float8[], $10::int4[], $11::float8[], $12::bool[], $13::text[],
                              $14::int4[], $15::bool[], $16::text[], $17::text[], $18::text[], $19::float8[],
-                             $20::uuid[], $21::uuid[], $22::text[], $23::float8[], $24::text[])
+                             $20::uuid[], $21::uuid[], $22::text[], $23::float8[], $24::text[], $25::text,
+                             $26::text, $27::float8, $28::int4, $29::float8, $30::int8, $31::int8)
 
 -- name: flush_barrier --
 -- A transaction that writes one WAL record (a transactional logical message, prefix `tenure`, empty body; no
@@ -558,13 +559,10 @@ SELECT 'scheduled', '', count(*) FROM jobs WHERE state = 'scheduled'
 SELECT tenure_notify_events(NULL, $1::text[])
 
 -- name: admission_state --
--- What admission's gate reads, in one statement: jobs waiting to start (all tenants, and tenant $1), and the
--- failures of circuit $2 within the last $3 seconds with the latest one, on the server's clock.
-SELECT q.total, q.mine, c.failures, c.latest, extract(epoch FROM now())::float8 AS now
-  FROM (SELECT count(*) AS total, count(*) FILTER (WHERE tenant = $1) AS mine
-          FROM jobs WHERE state IN ('queued', 'scheduled')) AS q,
-       (SELECT count(*) AS failures, extract(epoch FROM max(ts))::float8 AS latest
-          FROM circuit_failures WHERE key = $2 AND ts > now() - make_interval(secs => $3)) AS c
+-- What admission's gate reads, in one statement (migration 0014's function, which the enqueue calls too): jobs
+-- waiting to start (all tenants, and tenant $1), and the failures of circuit $2 within the last $3 seconds with the
+-- latest one, on the server's clock.
+SELECT * FROM tenure_admission_state($1, $2, $3)
 
 -- name: queue_depth --
 -- Jobs waiting to start (queued or scheduled): all tenants, and one tenant.

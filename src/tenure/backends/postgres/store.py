@@ -23,10 +23,11 @@ from tenure.backends._queries import load_migrations, load_queries
 from tenure.backends.postgres import _batches, _registry, keys
 from tenure.backends.postgres._children import ChildReads
 from tenure.backends.postgres._connections import StoreConnections
-from tenure.backends.postgres.audit import AuditWrites, edit_input, enqueue_with_budgets
+from tenure.backends.postgres._gate import enqueue_gated
+from tenure.backends.postgres.audit import AuditWrites, edit_input
 from tenure.contracts.errors import IllegalTransition, NotFound, StoreUnavailable
 from tenure.contracts.profile import WorkerRecord
-from tenure.contracts.reports import AdmissionState, CircuitState, StoreHealth
+from tenure.contracts.reports import AdmissionState, CircuitState, GateAsk, StoreHealth
 from tenure.contracts.states import REQUEUEABLE, JobState, WorkerState
 from tenure.contracts.store import JobStore
 from tenure.contracts.types import (
@@ -158,13 +159,13 @@ class PostgresStore(keys.SchedulingReads, AuditWrites, _registry.RegistryOps, Ch
         return len(MIGRATIONS)
 
     # -- admission ---------------------------------------------------------------------------------------------
-    async def enqueue(self, jobs: Sequence[NewJob]) -> list[Enqueued]:
+    async def enqueue(self, jobs: Sequence[NewJob], gate: GateAsk | None = None) -> list[Enqueued]:
         if not jobs:
             return []
         if any(keys.locked(j) for j in jobs):
-            return await keys.enqueue_mixed(self._db, jobs, self._notify)
+            return await keys.enqueue_mixed(self._db, jobs, self._notify, gate)
         async with self._db.pooled("enqueue") as conn:
-            rows = await enqueue_with_budgets(conn, Q["enqueue_jobs"], _batches.jobs(jobs), jobs)
+            rows = await enqueue_gated(conn, jobs, gate)
             created = {r["id"]: _rows.job(r) for r in rows}
             missing = [j for j in jobs if j.id not in created]
             existing: dict[tuple[str, bytes], tuple[Job, bytes]] = {}

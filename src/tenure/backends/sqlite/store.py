@@ -19,13 +19,14 @@ from tenure.backends.sqlite import keys
 from tenure.backends.sqlite._children import ChildReads
 from tenure.backends.sqlite._claims import claim_sql
 from tenure.backends.sqlite._connection import NOW, Q, SqliteConnection, split_sql
+from tenure.backends.sqlite._gate import admission_state_in, check_gate
 from tenure.backends.sqlite._registry import RegistryOps
 from tenure.backends.sqlite._state_pages import per_state
 from tenure.backends.sqlite._writes import claim_and_start_in, finish_in, start_in
 from tenure.backends.sqlite.audit import AuditWrites, edit_input, insert_budget
 from tenure.contracts.errors import IllegalTransition, NotFound
 from tenure.contracts.profile import WorkerRecord
-from tenure.contracts.reports import AdmissionState, CircuitState, StoreHealth
+from tenure.contracts.reports import AdmissionState, CircuitState, GateAsk, StoreHealth
 from tenure.contracts.states import REQUEUEABLE, JobState, WorkerState
 from tenure.contracts.store import JobStore, OffloadStats
 from tenure.contracts.types import (
@@ -135,11 +136,13 @@ class SqliteStore(keys.SchedulingReads, AuditWrites, RegistryOps, ChildReads):
         return await self._read(lambda db: float(db.execute(Q["server_time"]).fetchone()["now"]))
 
     # -- admission ---------------------------------------------------------------------------------------------
-    async def enqueue(self, jobs: Sequence[NewJob]) -> list[Enqueued]:
+    async def enqueue(self, jobs: Sequence[NewJob], gate: GateAsk | None = None) -> list[Enqueued]:
         if not jobs:
             return []
 
         def fn(db: sqlite3.Connection) -> list[Enqueued]:
+            if gate is not None:  # the write lock makes the gate's read and the inserts one step
+                check_gate(db, gate)
             out = []
             for j in jobs:
                 if (f := j.parent_fence) is not None:  # BEGIN IMMEDIATE: the check and the insert are one step
@@ -433,10 +436,7 @@ class SqliteStore(keys.SchedulingReads, AuditWrites, RegistryOps, ChildReads):
     async def admission_state(
         self, tenant: str, circuit_key: str, threshold: int, window_s: float, open_s: float
     ) -> AdmissionState:
-        args = (tenant, circuit_key, window_s)
-        row = await self._read(lambda db: db.execute(Q["admission_state"], args).fetchone())
-        circuit = CircuitState.from_window(row["failures"], row["latest"], row["now"], threshold, open_s)
-        return AdmissionState(int(row["total"]), int(row["mine"]), circuit)
+        return await self._read(lambda db: admission_state_in(db, tenant, circuit_key, threshold, window_s, open_s))
 
     async def cancel(self, job_id: str, tenant: str | None = None) -> ControlOutcome:
         def fn(db: sqlite3.Connection) -> ControlOutcome:

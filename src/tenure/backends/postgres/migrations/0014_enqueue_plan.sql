@@ -12,13 +12,36 @@
 -- set for the calling transaction: set_config is not the function's SET clause, so it outlives the call): the
 -- jobs and the NOTIFY are visible to workers one fsync sooner. The caller then runs `flush_barrier` before it
 -- reports the jobs as accepted; see there.
+--
+-- The gate's read rides along (control/gate.py, `Gate.ask`): given a circuit key, the function reads the
+-- admission state (`tenure_admission_state`) before it inserts, and refuses on the thresholds it is given (more
+-- than p_total_max jobs waiting, more than p_tenant_max of the tenant, the circuit open) with SQLSTATE TNGAT and
+-- the state as JSON in DETAIL, from which the caller's rule gives the answer. Nothing is inserted then.
+CREATE FUNCTION tenure_admission_state(p_tenant text, p_circuit_key text, p_window_s float8)
+RETURNS TABLE (total bigint, mine bigint, failures bigint, latest float8, now float8)
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    -- Jobs waiting to start (all tenants, and tenant p_tenant), and the failures of the circuit within the last
+    -- p_window_s seconds with the latest one, on the server's clock.
+    RETURN QUERY
+    SELECT q.total, q.mine, c.failures, c.latest, extract(epoch FROM now())::float8
+      FROM (SELECT count(*) AS total, count(*) FILTER (WHERE j.tenant = p_tenant) AS mine
+              FROM jobs AS j WHERE j.state IN ('queued', 'scheduled')) AS q,
+           (SELECT count(*) AS failures, extract(epoch FROM max(f.ts))::float8 AS latest
+              FROM circuit_failures AS f
+             WHERE f.key = p_circuit_key AND f.ts > now() - make_interval(secs => p_window_s)) AS c;
+END
+$$;
+
 CREATE FUNCTION tenure_enqueue(
     p_id uuid[], p_tenant text[], p_agent text[], p_input text[], p_priority int2[], p_requires text[],
     p_idem_digest bytea[], p_fingerprint bytea[], p_deadline_s float8[], p_max_attempts int4[],
     p_timeout_s float8[], p_retry_safe bool[], p_ckey text[], p_key_limit int4[], p_key_wait bool[],
     p_mode_requested text[], p_mode_effective text[], p_degraded_reason text[], p_fair_step float8[],
     p_parent_job_id uuid[], p_parent_execution_id uuid[], p_preferred_worker text[], p_grace_s float8[],
-    p_route text[])
+    p_route text[], p_gate_tenant text, p_circuit_key text, p_window_s float8, p_threshold int4, p_open_s float8,
+    p_total_max int8, p_tenant_max int8)
 RETURNS TABLE (
     id text, tenant text, agent text, input text, priority int2, requires text[], state text, owner text,
     epoch int4, execution_id text, attempts int4, max_attempts int4, timeout_s float8, retry_safe bool,
@@ -30,7 +53,18 @@ LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan
 AS $$
 #variable_conflict use_column
+DECLARE
+    g record;
 BEGIN
+    IF p_circuit_key IS NOT NULL THEN
+        SELECT * INTO g FROM tenure_admission_state(p_gate_tenant, p_circuit_key, p_window_s);
+        IF g.total > p_total_max OR g.mine > p_tenant_max
+           OR (g.failures >= p_threshold AND g.latest + p_open_s > g.now) THEN
+            RAISE EXCEPTION 'refused by the admission gate' USING ERRCODE = 'TNGAT',
+                DETAIL = json_build_object('total', g.total, 'mine', g.mine, 'failures', g.failures,
+                                           'latest', g.latest, 'now', g.now)::text;
+        END IF;
+    END IF;
     RETURN QUERY
     WITH x AS (
         SELECT u.*, row_number() OVER (PARTITION BY u.tenant, u.priority ORDER BY u.ord) - 1 AS nth
