@@ -592,6 +592,19 @@ async def test_the_enqueue_makes_the_gates_read_and_refuses_past_a_cap_writing_n
     assert (await store.queue_depth("d"))[1] == 2
 
 
+async def test_the_gates_observer_is_told_of_every_admission_whichever_side_decided(store: Store) -> None:
+    # The gateway's circuit and capacity metrics come from the observer: told on an admission the store's SQL let
+    # through (PostgreSQL never calls the rule then) as on a refusal.
+    seen: list[tuple[str, str, bool]] = []
+    gated = Admission(store, AGENTS, gate=GateConfig(breaker_threshold=1), on_gate=lambda *a: seen.append(a))
+    await gated.admit(JobRequest("echo", 1, tenant="a"))
+    assert seen == [("a", "agent:echo", False)]
+    await store.record_circuit_failure("agent:echo")
+    with pytest.raises(CircuitOpen):
+        await gated.admit(JobRequest("echo", 2, tenant="a"))
+    assert seen[-1] == ("a", "agent:echo", True)
+
+
 async def test_cancel_answers_by_the_jobs_state(store: Store) -> None:
     queued = await submit(store, tenant="a")
     assert await store.cancel(queued, tenant="b") is ControlOutcome.UNKNOWN  # another tenant's job

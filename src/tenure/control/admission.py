@@ -292,6 +292,7 @@ class Admission:
         if ask is None:  # several (tenant, agent) pairs: each read first
             await self.gate.check(demand)
         jobs, out = await self.router.enqueue(jobs, ask)
+        self.gate.admitted(ask)
         self._count_degraded([j for j, e in zip(jobs, out, strict=True) if e.created])
         await self.hint(jobs, out)
         return [Admitted(e.job, e.created) for e in out]
@@ -326,7 +327,9 @@ class Admission:
             if self.limits.tenant_budgets:
                 await check_tenant_budgets(self.store, self.limits.tenant_budgets, [job.tenant])
             # The gate's read rides in the enqueue's own round trip (transaction on SQLite): `Gate.ask`.
-            (job,), (out,) = await self.router.enqueue([job], self.gate.ask({(job.tenant, job.agent): 1}))
+            ask = self.gate.ask({(job.tenant, job.agent): 1})
+            (job,), (out,) = await self.router.enqueue([job], ask)
+            self.gate.admitted(ask)
         except (QueueFull, CircuitOpen):
             # A replay of a key answers its original job even while the caps or the circuit refuse new work:
             # the job exists, nothing new is admitted.

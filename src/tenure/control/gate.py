@@ -89,8 +89,13 @@ class Gate:
             return None
         ((tenant, agent), asked), cfg = next(iter(demand.items())), self.config
 
-        def verdict(state: AdmissionState) -> None:
-            self.decide(demand, {(tenant, agent): state})
+        def verdict(state: AdmissionState) -> None:  # an admission tells the observer once, by `admitted`
+            try:
+                self.decide(demand, {(tenant, agent): state}, observe=False)
+            except (QueueFull, CircuitOpen):
+                if self.observer is not None:
+                    self.observer(tenant, f"agent:{agent}", state.circuit.open_for_s > 0)
+                raise
 
         return GateAsk(
             tenant,
@@ -103,16 +108,28 @@ class Gate:
             verdict=verdict,
         )
 
-    def decide(self, demand: Mapping[tuple[str, str], int], states: Mapping[tuple[str, str], AdmissionState]) -> None:
+    def admitted(self, ask: GateAsk | None) -> None:
+        """An enqueue given `ask` admitted its jobs: tell the observer (the store may have decided in SQL, without
+        calling the rule, and an admission means the circuit was closed)."""
+        if ask is not None and self.observer is not None:
+            self.observer(ask.tenant, ask.circuit_key, False)
+
+    def decide(
+        self,
+        demand: Mapping[tuple[str, str], int],
+        states: Mapping[tuple[str, str], AdmissionState],
+        observe: bool = True,
+    ) -> None:
         """The rule: raise `CircuitOpen` or `QueueFull` unless `demand` may be admitted on the `states` read for
-        its pairs (the observer is told of each circuit). `GateAsk.refuses` states the same thresholds."""
+        its pairs (the observer is told of each circuit). PostgreSQL's `tenure_enqueue` refuses on the same
+        thresholds (`GateAsk`), and calls for this rule only to word a refusal: see `admitted`."""
         cfg = self.config
         total = 0
         queued_of: dict[str, int] = {}
         for (tenant, agent), state in states.items():
             key = f"agent:{agent}"
             circuit = state.circuit
-            if self.observer is not None:
+            if observe and self.observer is not None:
                 self.observer(tenant, key, circuit.open_for_s > 0)
             if circuit.open_for_s > 0:
                 raise CircuitOpen(
