@@ -76,8 +76,9 @@ async def test_migrate_is_idempotent_and_reports_the_version(store: Store) -> No
     # 0004_lease_lines and 0005_hand_over_expiry, whose functions SQLite runs as Python in one transaction).
     # audit 0004 / 0007, broker 0005 / 0008, scheduling 0006 / 0009, state index 0007 / 0010,
     # tenant retention 0008 / 0011, coordinators 0009 / 0012, state pages 0010 (SQLite only), routing 0011 / 0013,
-    # ready per agent 0012 (SQLite only), the enqueue planned once per session 0014 (PostgreSQL only)
-    latest = {"sqlite": 12, "postgres": 14}[store.dialect]
+    # ready per agent 0012 (SQLite only), the enqueue planned once per session 0014 and the gate's bounded counts
+    # 0015 (PostgreSQL only: SQLite's statements live in queries.sql)
+    latest = {"sqlite": 12, "postgres": 15}[store.dialect]
     assert await store.schema_version() == latest
     assert await store.migrate() == latest
     assert await store.schema_version() == latest
@@ -554,6 +555,31 @@ async def test_admission_state_reads_the_queue_depth_and_the_circuit_together(st
     assert state.circuit.failures == 2 and 55 < state.circuit.open_for_s <= 60
     assert (await store.admission_state("c", "agent:other", 2, 600, 60)).circuit.failures == 0
     assert (await store.admission_state("c", "agent:echo", 2, 600, 60)).queued_tenant == 0
+
+
+async def test_the_gates_counts_stop_one_past_the_cap(store: Store) -> None:
+    # A submit behind a backlog must not count the whole backlog (48 ms per submit behind 100,000 queued, before
+    # the bound): the counts stop at the bound asked for, and the gate's is its larger cap + 1; a refusal behind a
+    # backlog bigger than the cap says "more than" the cap. Unbounded, the counts are whole.
+    for i in range(5):
+        await submit(store, tenant="a", input={"i": i})
+    await submit(store, tenant="b")
+    bounded = await store.admission_state("a", "agent:echo", 2, 600, 60, upto=4)
+    assert (bounded.queued, bounded.queued_tenant) == (4, 4)
+    assert (await store.admission_state("b", "agent:echo", 2, 600, 60, upto=4)).queued_tenant == 1
+    whole = await store.admission_state("a", "agent:echo", 2, 600, 60)
+    assert (whole.queued, whole.queued_tenant) == (6, 5)
+    gated = Admission(store, AGENTS, gate=GateConfig(max_queued=3, max_queued_per_tenant=100))
+    ask = gated.gate.ask({("c", "echo"): 2})  # the bound the enqueue is given: the larger cap + 1, whatever is asked
+    assert ask is not None and ask.count_upto == 101
+    with pytest.raises(QueueFull, match=r"^more than 3 jobs are waiting to start; the limit is 3$"):
+        await gated.admit(JobRequest("echo", 1, tenant="c"))
+    with pytest.raises(QueueFull, match=r"^more than 3 jobs are waiting to start; the limit is 3 \(a batch of 2"):
+        await gated.admit_many([JobRequest("echo", 2, tenant="c"), JobRequest("safe", 3, tenant="c")])
+    per_tenant = Admission(store, AGENTS, gate=GateConfig(max_queued=100, max_queued_per_tenant=4))
+    with pytest.raises(QueueFull, match=r"^tenant 'a' has more than 4 jobs waiting to start; the limit is 4$"):
+        await per_tenant.admit(JobRequest("echo", 4, tenant="a", concurrency_key="k"))  # keyed: its own path
+    assert (await store.queue_depth("c"))[1] == 0
 
 
 async def test_the_enqueue_makes_the_gates_read_and_refuses_past_a_cap_writing_nothing(store: Store) -> None:

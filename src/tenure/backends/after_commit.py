@@ -223,9 +223,9 @@ class AfterCommit:
 
     # -- the gateway's side --------------------------------------------------------------------------------------
     async def admission_state(
-        self, tenant: str, circuit_key: str, threshold: int, window_s: float, open_s: float
+        self, tenant: str, circuit_key: str, threshold: int, window_s: float, open_s: float, upto: int | None = None
     ) -> AdmissionState:
-        return await self.store.admission_state(tenant, circuit_key, threshold, window_s, open_s)
+        return await self.store.admission_state(tenant, circuit_key, threshold, window_s, open_s, upto)
 
     async def queue_depth(self, tenant: str) -> tuple[int, int]:
         return await self.store.queue_depth(tenant)

@@ -63,7 +63,9 @@ class CircuitState:
 @dataclass(frozen=True, slots=True)
 class AdmissionState:
     """What admission's gate reads in one round trip before it admits: jobs waiting to start (queued or
-    scheduled) in all and of one tenant, and the circuit of the agent asked for."""
+    scheduled) in all and of one tenant, and the circuit of the agent asked for. The counts stop at the bounds
+    the gate asks for (`GateAsk.count_upto`): a count that reached its bound means at least that many, and a
+    submit never counts a backlog past its cap."""
 
     queued: int
     queued_tenant: int
@@ -78,7 +80,10 @@ class GateAsk:
     `verdict(state)` is the rule (control/gate.py): it raises `QueueFull` or `CircuitOpen` to refuse, and nothing
     is written. A store that decides in SQL refuses on the same thresholds, then calls `verdict` for the answer:
     more than `total_max` jobs waiting in all, more than `tenant_max` of the tenant, or the circuit open (at least
-    `threshold` failures within `window_s`, the latest less than `open_s` ago)."""
+    `threshold` failures within `window_s`, the latest less than `open_s` ago). The store counts waiting jobs
+    only up to `count_upto` (the larger cap + 1: exact up to the cap, then "more than the cap"), so that the read
+    costs the same behind any backlog; PostgreSQL's function derives it from `total_max`, `tenant_max` and the
+    batch's size, which is `asked`."""
 
     tenant: str
     circuit_key: str
@@ -87,4 +92,10 @@ class GateAsk:
     open_s: float
     total_max: int
     tenant_max: int
+    asked: int
     verdict: Callable[[AdmissionState], None]
+
+    @property
+    def count_upto(self) -> int:
+        """How far the store counts waiting jobs, in all and of the tenant: one past the larger cap."""
+        return max(self.total_max, self.tenant_max) + self.asked + 1

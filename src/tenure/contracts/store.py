@@ -279,10 +279,10 @@ class JobStore(Protocol):
 
     # -- the gateway's side: admission counts, control commands ------------------------------------------------------
     async def admission_state(
-        self, tenant: str, circuit_key: str, threshold: int, window_s: float, open_s: float
+        self, tenant: str, circuit_key: str, threshold: int, window_s: float, open_s: float, upto: int | None = None
     ) -> AdmissionState:
-        """In one round trip, what admission's gate needs: `queue_depth(tenant)` and `circuit_state(circuit_key,
-        threshold, window_s, open_s)`, read together."""
+        """In one round trip, `queue_depth(tenant)` and `circuit_state(circuit_key, threshold, window_s, open_s)`;
+        each count stops at `upto` when given (the gate's larger cap + 1: never a walk of the backlog past it)."""
         ...
 
     async def queue_depth(self, tenant: str) -> tuple[int, int]:

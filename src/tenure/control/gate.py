@@ -76,9 +76,10 @@ class Gate:
         (tenant, agent); an admission of one pair can instead hand `ask(demand)` to the enqueue."""
         cfg = self.config
         states = {}
+        upto = max(cfg.max_queued, cfg.max_queued_per_tenant) + 1  # no count walks a backlog past the cap
         for tenant, agent in demand:
             states[(tenant, agent)] = await self.store.admission_state(
-                tenant, f"agent:{agent}", cfg.breaker_threshold, cfg.breaker_window_s, cfg.breaker_open_s
+                tenant, f"agent:{agent}", cfg.breaker_threshold, cfg.breaker_window_s, cfg.breaker_open_s, upto
             )
         self.decide(demand, states)
 
@@ -105,6 +106,7 @@ class Gate:
             cfg.breaker_open_s,
             total_max=cfg.max_queued - asked,
             tenant_max=cfg.max_queued_per_tenant - asked,
+            asked=asked,
             verdict=verdict,
         )
 
@@ -142,16 +144,23 @@ class Gate:
         asked = sum(demand.values())
         if total + asked > cfg.max_queued:
             raise QueueFull(
-                f"{total} jobs are waiting to start; the limit is {cfg.max_queued}{_batch(asked)}", cfg.retry_after_s
+                f"{_count(total, cfg.max_queued)} jobs are waiting to start; the limit is {cfg.max_queued}" + _batch(asked),
+                cfg.retry_after_s,
             )
         for tenant, mine in queued_of.items():
             mine_asked = sum(n for (t, _), n in demand.items() if t == tenant)
-            if mine + mine_asked > cfg.max_queued_per_tenant:
+            cap = cfg.max_queued_per_tenant
+            if mine + mine_asked > cap:
                 raise QueueFull(
-                    f"tenant {tenant!r} has {mine} jobs waiting to start; the limit is {cfg.max_queued_per_tenant}"
+                    f"tenant {tenant!r} has {_count(mine, cap)} jobs waiting to start; the limit is {cap}"
                     + _batch(mine_asked),
                     cfg.retry_after_s,
                 )
+
+
+def _count(n: int, cap: int) -> str:
+    """A count past the cap says only that (the store stops counting one past the larger cap: `GateAsk.count_upto`)."""
+    return f"more than {cap}" if n > cap else str(n)
 
 
 def _batch(asked: int) -> str:

@@ -1,5 +1,5 @@
 """Admission's gate in the enqueue's own round trip on PostgreSQL (control/gate.py `Gate.ask`): `tenure_enqueue`
-(migration 0014) reads the admission state before it inserts and refuses past the thresholds it is given; the
+(migrations 0014, 0015) reads the admission state before it inserts and refuses past the thresholds it is given; the
 gate's rule, on the state it read, gives the answer. Keyed and capped jobs read it inside their transaction."""
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def _admission_state(
 
 async def check_gate(conn: asyncpg.Connection, gate: GateAsk) -> None:
     """The gate's read and rule inside the caller's transaction (the enqueue of keyed or capped jobs)."""
-    r = await conn.fetchrow(Q["admission_state"], gate.tenant, gate.circuit_key, gate.window_s)
+    r = await conn.fetchrow(Q["admission_state"], gate.tenant, gate.circuit_key, gate.window_s, gate.count_upto)
     gate.verdict(_admission_state(r["total"], r["mine"], r["failures"], r["latest"], r["now"], gate))
 
 

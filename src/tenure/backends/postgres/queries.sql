@@ -559,10 +559,10 @@ SELECT 'scheduled', '', count(*) FROM jobs WHERE state = 'scheduled'
 SELECT tenure_notify_events(NULL, $1::text[])
 
 -- name: admission_state --
--- What admission's gate reads, in one statement (migration 0014's function, which the enqueue calls too): jobs
--- waiting to start (all tenants, and tenant $1), and the failures of circuit $2 within the last $3 seconds with the
--- latest one, on the server's clock.
-SELECT * FROM tenure_admission_state($1, $2, $3)
+-- What admission's gate reads, in one statement (migration 0015's function, which the enqueue calls too): jobs
+-- waiting to start in all and of tenant $1 (each counted up to $4; NULL: no bound), and the failures of circuit $2
+-- within the last $3 seconds with the latest one, on the server's clock.
+SELECT * FROM tenure_admission_state($1, $2, $3, $4)
 
 -- name: queue_depth --
 -- Jobs waiting to start (queued or scheduled): all tenants, and one tenant.

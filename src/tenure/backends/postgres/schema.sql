@@ -339,18 +339,21 @@ CREATE INDEX audit_records_usage ON audit_records (ts) WHERE kind = 'usage';
 
 -- The enqueue, planned once per session, and the gate's read it makes (migration 0014 says why; queries.sql
 -- enqueue_jobs and admission_state call them).
-CREATE FUNCTION tenure_admission_state(p_tenant text, p_circuit_key text, p_window_s float8)
+CREATE FUNCTION tenure_admission_state(p_tenant text, p_circuit_key text, p_window_s float8, p_upto int8)
 RETURNS TABLE (total bigint, mine bigint, failures bigint, latest float8, now float8)
 LANGUAGE plpgsql
 AS $$
 BEGIN
-    -- Jobs waiting to start (all tenants, and tenant p_tenant), and the failures of the circuit within the last
-    -- p_window_s seconds with the latest one, on the server's clock.
+    -- Jobs waiting to start in all and of tenant p_tenant, each counted up to p_upto (NULL: no bound) on its
+    -- partial index; and the failures of the circuit within the last p_window_s seconds with
+    -- the latest one, on the server's clock.
     RETURN QUERY
-    SELECT q.total, q.mine, c.failures, c.latest, extract(epoch FROM now())::float8
-      FROM (SELECT count(*) AS total, count(*) FILTER (WHERE j.tenant = p_tenant) AS mine
-              FROM jobs AS j WHERE j.state IN ('queued', 'scheduled')) AS q,
-           (SELECT count(*) AS failures, extract(epoch FROM max(f.ts))::float8 AS latest
+    SELECT (SELECT count(*) FROM (SELECT 1 FROM jobs AS j WHERE j.state IN ('queued', 'scheduled')
+                                   LIMIT p_upto) AS a),
+           (SELECT count(*) FROM (SELECT 1 FROM jobs AS j WHERE j.tenant = p_tenant
+                                     AND j.state IN ('queued', 'scheduled') LIMIT p_upto) AS b),
+           c.failures, c.latest, extract(epoch FROM now())::float8
+      FROM (SELECT count(*) AS failures, extract(epoch FROM max(f.ts))::float8 AS latest
               FROM circuit_failures AS f
              WHERE f.key = p_circuit_key AND f.ts > now() - make_interval(secs => p_window_s)) AS c;
 END
@@ -379,7 +382,10 @@ DECLARE
     g record;
 BEGIN
     IF p_circuit_key IS NOT NULL THEN
-        SELECT * INTO g FROM tenure_admission_state(p_gate_tenant, p_circuit_key, p_window_s);
+        -- Counted one past the larger cap (the thresholds leave room for the batch, whose size is the demand;
+        -- GateAsk.count_upto): exact up to a cap, and never a walk over the backlog behind it.
+        SELECT * INTO g FROM tenure_admission_state(
+            p_gate_tenant, p_circuit_key, p_window_s, greatest(p_total_max, p_tenant_max) + cardinality(p_id) + 1);
         IF g.total > p_total_max OR g.mine > p_tenant_max
            OR (g.failures >= p_threshold AND g.latest + p_open_s > g.now) THEN
             RAISE EXCEPTION 'refused by the admission gate' USING ERRCODE = 'TNGAT',

@@ -426,10 +426,10 @@ class PostgresStore(keys.SchedulingReads, AuditWrites, _registry.RegistryOps, Ch
         return CircuitState.from_window(row["failures"], row["latest"], row["now"], threshold, open_s)
 
     async def admission_state(
-        self, tenant: str, circuit_key: str, threshold: int, window_s: float, open_s: float
+        self, tenant: str, circuit_key: str, threshold: int, window_s: float, open_s: float, upto: int | None = None
     ) -> AdmissionState:
         async with self._db.pooled("admission_state") as conn:
-            row = await conn.fetchrow(Q["admission_state"], tenant, circuit_key, window_s)
+            row = await conn.fetchrow(Q["admission_state"], tenant, circuit_key, window_s, upto)
         circuit = CircuitState.from_window(row["failures"], row["latest"], row["now"], threshold, open_s)
         return AdmissionState(int(row["total"]), int(row["mine"]), circuit)
 

@@ -10,14 +10,23 @@ from tenure.contracts.reports import AdmissionState, CircuitState, GateAsk
 
 
 def admission_state_in(
-    db: sqlite3.Connection, tenant: str, circuit_key: str, threshold: int, window_s: float, open_s: float
+    db: sqlite3.Connection,
+    tenant: str,
+    circuit_key: str,
+    threshold: int,
+    window_s: float,
+    open_s: float,
+    upto: int | None = None,
 ) -> AdmissionState:
-    """Jobs waiting to start (all, and of `tenant`) and the circuit `circuit_key`, on the store's clock."""
-    row = db.execute(Q["admission_state"], (tenant, circuit_key, window_s)).fetchone()
+    """Jobs waiting to start (all, and of `tenant`, each counted up to `upto` when given) and the circuit
+    `circuit_key`, on the store's clock."""
+    row = db.execute(Q["admission_state"], (tenant, circuit_key, window_s, -1 if upto is None else upto)).fetchone()
     circuit = CircuitState.from_window(row["failures"], row["latest"], row["now"], threshold, open_s)
     return AdmissionState(int(row["total"]), int(row["mine"]), circuit)
 
 
 def check_gate(db: sqlite3.Connection, gate: GateAsk) -> None:
     """The gate's read and rule inside the caller's write transaction: raises to refuse."""
-    gate.verdict(admission_state_in(db, gate.tenant, gate.circuit_key, gate.threshold, gate.window_s, gate.open_s))
+    gate.verdict(
+        admission_state_in(db, gate.tenant, gate.circuit_key, gate.threshold, gate.window_s, gate.open_s, gate.count_upto)
+    )

@@ -383,12 +383,16 @@ UNION ALL
 SELECT 'scheduled', '', count(*) FROM jobs WHERE state = 'scheduled'
 
 -- name: admission_state --
--- What admission's gate reads, in one statement: jobs waiting to start (all tenants, and tenant ?1), and the
--- failures of circuit ?2 within the last ?3 seconds with the latest one, on the store's clock.
-SELECT q.total, q.mine, c.failures, c.latest, {now} AS now
-  FROM (SELECT count(*) AS total, coalesce(sum(tenant = ?1), 0) AS mine
-          FROM jobs WHERE state IN ('queued', 'scheduled')) AS q,
-       (SELECT count(*) AS failures, max(ts) AS latest
+-- What admission's gate reads, in one statement: jobs waiting to start in all and of tenant ?1, each counted up to
+-- ?4 (-1: no bound), and the failures of circuit ?2 within the last ?3 seconds with the latest one,
+-- on the store's clock. Each count walks its partial index (pinned: the planner would take jobs_tenant_id and
+-- filter the tenant's whole history) and stops at its bound, so a submit costs the same behind any backlog.
+SELECT (SELECT count(*) FROM (SELECT 1 FROM jobs INDEXED BY jobs_waiting_state
+                               WHERE state IN ('queued', 'scheduled') LIMIT ?4)) AS total,
+       (SELECT count(*) FROM (SELECT 1 FROM jobs INDEXED BY jobs_waiting_tenant
+                               WHERE tenant = ?1 AND state IN ('queued', 'scheduled') LIMIT ?4)) AS mine,
+       c.failures, c.latest, {now} AS now
+  FROM (SELECT count(*) AS failures, max(ts) AS latest
           FROM circuit_failures WHERE key = ?2 AND ts > {now} - ?3) AS c
 
 -- name: queue_depth --

@@ -434,9 +434,9 @@ class SqliteStore(keys.SchedulingReads, AuditWrites, RegistryOps, ChildReads):
         return CircuitState.from_window(row["failures"], row["latest"], row["now"], threshold, open_s)
 
     async def admission_state(
-        self, tenant: str, circuit_key: str, threshold: int, window_s: float, open_s: float
+        self, tenant: str, circuit_key: str, threshold: int, window_s: float, open_s: float, upto: int | None = None
     ) -> AdmissionState:
-        return await self._read(lambda db: admission_state_in(db, tenant, circuit_key, threshold, window_s, open_s))
+        return await self._read(lambda db: admission_state_in(db, tenant, circuit_key, threshold, window_s, open_s, upto))
 
     async def cancel(self, job_id: str, tenant: str | None = None) -> ControlOutcome:
         def fn(db: sqlite3.Connection) -> ControlOutcome:
