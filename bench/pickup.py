@@ -60,7 +60,8 @@ async def main(n: int, workers: int) -> None:
         PYTHONPATH=here + os.pathsep + os.environ.get("PYTHONPATH", ""),
     )
     tenure_bin = os.path.join(os.path.dirname(sys.executable), "tenure")
-    async with tenure.connect(app, settings=Settings.of(database_url=url)) as client:
+    # Settings.of since issue 11; the constructor before it (so that older checkouts run this file too).
+    async with tenure.connect(app, settings=getattr(Settings, "of", Settings)(database_url=url)) as client:
         procs = [
             subprocess.Popen(  # noqa: ASYNC220 - started once, before anything is measured
                 [tenure_bin, "worker", "--concurrency", str(max(1, 20 // workers))],
@@ -80,7 +81,8 @@ async def main(n: int, workers: int) -> None:
                 if delay > 0:
                     await asyncio.sleep(delay)
                 t0 = time.time()
-                job_id = (await client.submit("pickup", {"i": i})).id
+                made = await client.submit("pickup", {"i": i})
+                job_id = getattr(made, "id", made)  # a Job since issue 11; its id before
                 sent[job_id] = (t0, time.time())
             await asyncio.sleep(2)
             jobs = {j.id: j for j in await client.jobs(limit=n + 10)}
