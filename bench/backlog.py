@@ -33,6 +33,7 @@ from collections.abc import AsyncIterator
 import asyncpg
 
 from tenure.app import open_backends
+from tenure.backends._queries import cte_body, load_queries
 from tenure.contracts.states import JobState
 from tenure.contracts.store import JobStore
 from tenure.contracts.types import AgentSpec, Finish, NewJob, new_id
@@ -125,15 +126,10 @@ async def fill_fast(url: str, admission: Admission, n: int, agent: str, tenant: 
 
 
 # The claim's candidate read (claim_jobs, and pg_temp.tenure_claim_start's first statement), for --explain.
-CANDIDATES = """
-SELECT id, ctid FROM jobs
- WHERE state = 'queued' AND owner IS NULL AND NOT key_wait
-   AND agent = ANY($1::text[]) AND requires <@ $2::text[]
-   AND (deadline IS NULL OR deadline > now())
- ORDER BY priority DESC, fair_at, id
- LIMIT $3
-   FOR UPDATE SKIP LOCKED
-"""
+def candidates_sql() -> str:
+    """The claim's candidate read, as the store runs it: the `candidates` CTE of queries.sql `claim_jobs` (the same
+    text as pg_temp.tenure_claim_start's, tests/unit/test_misc.py), $1 worker, $2 agents, $3 capabilities, $4 limit."""
+    return cte_body(load_queries("tenure.backends.postgres")["claim_jobs"], "candidates")
 
 
 async def explain(url: str) -> None:
@@ -145,8 +141,8 @@ async def explain(url: str) -> None:
             with contextlib.suppress(_Rollback):
                 async with conn.transaction():
                     await conn.execute(f"SET LOCAL plan_cache_mode = {mode}")
-                    await conn.execute(f"PREPARE candidates(text[], text[], int4) AS {CANDIDATES}")
-                    rows = await conn.fetch("EXPLAIN (ANALYZE, BUFFERS) EXECUTE candidates('{b}', '{}', 4)")
+                    await conn.execute(f"PREPARE candidates(text, text[], text[], int4) AS {candidates_sql()}")
+                    rows = await conn.fetch("EXPLAIN (ANALYZE, BUFFERS) EXECUTE candidates('w', '{b}', '{}', 4)")
                     await conn.execute("DEALLOCATE candidates")
                     for r in rows:
                         print(f"explain {mode}: {r[0]}", flush=True)

@@ -87,8 +87,9 @@ def test_claim_start_function_keeps_every_condition_of_the_claim_and_the_start()
     start_set = _set_items(q["start_executions"], "UPDATE jobs AS j")
     start_set = {x.replace("x.execution_id", "p_executions[c.n]") for x in start_set}
     assert _set_items(fn, "UPDATE jobs AS j") == claim_set | start_set
-    candidates = q["claim_jobs"][q["claim_jobs"].index("WHERE state") : q["claim_jobs"].index("FOR UPDATE")]
-    fn_candidates = fn[fn.index("WHERE state") : fn.index("FOR UPDATE")]
+    claim_sql = q["claim_jobs"]
+    candidates = claim_sql[claim_sql.index("WITH candidates") : claim_sql.index("UPDATE jobs AS j")].rstrip()
+    fn_candidates = fn[fn.index("WITH candidates") : fn.index("), numbered AS")] + ")"
     normal = {"$2::text[]": "p_agents", "$3::text[]": "p_caps", "$4": "p_limit"}
     for k, v in normal.items():
         candidates = candidates.replace(k, v)
