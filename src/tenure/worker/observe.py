@@ -21,6 +21,7 @@ import collections
 import logging
 import time
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from tenure.contracts.reports import StoreHealth
 from tenure.contracts.states import JobState, WorkerState
@@ -72,6 +73,7 @@ class WorkerObserver:
         self._sweeps = m.SWEEPS.labels(worker_id)
         self._claimed_at: dict[str, float | None] = {}
         self._started_mono: dict[str, float] = {}
+        self._children: dict[tuple[Any, tuple[str, ...]], Any] = {}  # the per-job metrics' labelled children
         self._shown_state: WorkerState | None = None
         self._tenants_seen: set[str] = set()
         self._health_tables: set[str] = set()
@@ -188,12 +190,19 @@ class WorkerObserver:
             )
 
     # -- job intervals ---------------------------------------------------------------------------------------
+    def _child(self, metric: Any, *labels: str) -> Any:
+        """`metric.labels(*labels)`, looked up once per label set (the per-job path calls it for every job)."""
+        child = self._children.get((metric, labels))
+        if child is None:
+            child = self._children[(metric, labels)] = metric.labels(*labels)
+        return child
+
     def claimed(self, claims: Sequence[Claim]) -> None:
         """Queue wait (admitted → claimed, database clock) of first attempts; remember the claim time."""
         for c in claims:
             self._claimed_at[c.fence.job_id] = c.claimed_at
             if c.attempts == 0 and c.claimed_at is not None and c.created_at is not None:
-                m.QUEUE_WAIT.labels(c.agent).observe(max(0.0, c.claimed_at - c.created_at))
+                self._child(m.QUEUE_WAIT, c.agent).observe(max(0.0, c.claimed_at - c.created_at))
 
     def started(self, claim: Claim, started: Started | None) -> None:
         """Dispatch (claimed → started, database clock); start the first-event clock."""
@@ -202,8 +211,10 @@ class WorkerObserver:
         if started is None:
             return
         if claimed_at is not None:
-            m.DISPATCH.labels(claim.agent).observe(max(0.0, started.started_at - claimed_at))
+            self._child(m.DISPATCH, claim.agent).observe(max(0.0, started.started_at - claimed_at))
         self._started_mono[job_id] = time.monotonic()
+        if not log.isEnabledFor(logging.INFO):  # the line's fields are built for nothing otherwise
+            return
         log.info(
             "job started",
             extra={
@@ -263,28 +274,33 @@ class WorkerObserver:
         it paused (waiting on a person or on children), so its duration judges no later run's timeouts."""
         job_id = claim.fence.job_id
         self._started_mono.pop(job_id, None)
-        fields = {
-            "job_id": job_id,
-            "execution_id": execution_id,
-            "worker_id": self.worker_id,
-            "agent": claim.agent,
-            "state": state.value if matched else JobState.LOST.value,
-            "epoch": claim.fence.epoch,
-            "duration_ms": round(duration_s * 1000, 1),
-            "error_code": error_code,
-        }
+
+        def line(level: int, msg: str, *args: object) -> None:  # its fields built only for a line written
+            if log.isEnabledFor(level):
+                fields = {
+                    "job_id": job_id,
+                    "execution_id": execution_id,
+                    "worker_id": self.worker_id,
+                    "agent": claim.agent,
+                    "state": state.value if matched else JobState.LOST.value,
+                    "epoch": claim.fence.epoch,
+                    "duration_ms": round(duration_s * 1000, 1),
+                    "error_code": error_code,
+                }
+                log.log(level, msg, *args, extra=fields)
+
         if not matched:
-            log.warning("job finish not recorded: ownership was lost", extra=fields)
+            line(logging.WARNING, "job finish not recorded: ownership was lost")
             return
         self.record.finished(state, error_code, duration_s, claim.agent if timed else None)
         if state is JobState.SCHEDULED:
             m.RETRIES.labels(claim.agent).inc()
-            log.info("job failed, retry scheduled", extra=fields)
+            line(logging.INFO, "job failed, retry scheduled")
             return
-        m.JOBS_FINISHED.labels(claim.agent, state.value).inc()
+        self._child(m.JOBS_FINISHED, claim.agent, state.value).inc()
         if state is JobState.DEAD:
             m.JOBS_DEAD.labels(claim.agent).inc()
-        log.log(logging.INFO if state is JobState.SUCCEEDED else logging.WARNING, "job %s", state.value, extra=fields)
+        line(logging.INFO if state is JobState.SUCCEEDED else logging.WARNING, "job %s", state.value)
 
     def lost(self, claim: Claim, execution_id: str | None) -> None:
         """This worker learned that it no longer owns a job."""
