@@ -155,7 +155,19 @@ class _Rollback(Exception):
     pass
 
 
-async def run(url: str, size: int, of: str, jobs: int, how: str, explain_at: bool) -> float:
+async def gate_counts(store: JobStore) -> None:
+    """Time admission's read behind the backlog (`admission_state`, p50 of 50): counted whole, as before migration
+    0015 / the bounded SQLite statement, and up to the default cap + 1, as the gate asks."""
+    for label, upto in (("whole", None), ("upto 501", 501)):
+        times = []
+        for _ in range(50):
+            began = time.perf_counter()
+            await store.admission_state("b", "agent:b", 3, 600.0, 60.0, upto)
+            times.append(time.perf_counter() - began)
+        print(f"backlog: gate count {label}: p50 {sorted(times)[25] * 1000:.3f} ms", flush=True)
+
+
+async def run(url: str, size: int, of: str, jobs: int, how: str, explain_at: bool, gate: bool = False) -> float:
     backends = await open_backends(Settings.of(database_url=url))
     store = backends.jobs
     try:
@@ -172,6 +184,8 @@ async def run(url: str, size: int, of: str, jobs: int, how: str, explain_at: boo
             conn = await asyncpg.connect(url.split("?")[0], server_settings={"search_path": url.split("search_path=")[1]})
             await conn.execute("ANALYZE jobs")
             await conn.close()
+        if gate:
+            await gate_counts(store)
         done, paused = 0, 0.0
         began = time.perf_counter()
         while done < jobs:
@@ -201,6 +215,9 @@ async def main() -> None:
         "--fill", choices=["fast", "admission"], help="how the backlog is inserted (default: fast on PostgreSQL)"
     )
     parser.add_argument(
+        "--gate", action="store_true", help="also time admission's count behind the backlog, whole and up to 501"
+    )
+    parser.add_argument(
         "--explain", action="store_true", help="PostgreSQL: EXPLAIN (ANALYZE, BUFFERS) the claim's read halfway through"
     )
     args = parser.parse_args()
@@ -209,7 +226,7 @@ async def main() -> None:
             how = args.fill or ("fast" if args.database_url else "admission")
             if how == "fast" and not args.database_url:
                 raise SystemExit("backlog: --fill fast needs PostgreSQL (--database-url)")
-            cost = await run(url, size, args.of, args.jobs, how, args.explain and bool(args.database_url))
+            cost = await run(url, size, args.of, args.jobs, how, args.explain and bool(args.database_url), args.gate)
         dialect = "postgres" if args.database_url else "sqlite"
         print(f"backlog: {dialect} of={args.of} queued={size} per_job_ms={cost * 1000:.3f}", flush=True)
 
