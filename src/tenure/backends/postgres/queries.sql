@@ -101,23 +101,17 @@ SELECT id::text, tenant, agent, input::text, priority, requires, state, owner, e
 -- a scan of the whole ready index per claim: O(backlog) per batch, 12 ms per claim at 10,000 queued. If a
 -- candidate was updated by another transaction after this statement's snapshot, its locked version is not
 -- visible here, so it is simply not claimed this time (the claim returns fewer rows; nothing else changes).
--- The candidates are the heads of jobs_ready_agent, one LATERAL probe per agent of the worker ($2), merged in
--- claim order: a backlog of an agent the worker does not serve is never read, whatever the plan (migration 0016).
--- A worker of several agents locks up to $4 heads of each for the statement and claims the best $4 of them.
 WITH candidates AS (
-    SELECT h.id, h.ctid FROM unnest($2::text[]) AS a(agent) CROSS JOIN LATERAL (
-        SELECT id, ctid, priority, fair_at FROM jobs
-         WHERE state = 'queued' AND owner IS NULL AND NOT key_wait
-           AND agent = a.agent AND (requires <@ $3::text[] OR NOT EXISTS (
+    SELECT id, ctid FROM jobs
+     WHERE state = 'queued' AND owner IS NULL AND NOT key_wait
+       AND agent = ANY($2::text[]) AND (requires <@ $3::text[] OR NOT EXISTS (
                  SELECT 1 FROM unnest(requires) AS r
                   WHERE r <> ALL($3::text[]) AND (strpos(r, '/') = 0 OR split_part(r, '/', 1) || '/*' <> ALL($3::text[]))))
-           AND (deadline IS NULL OR deadline > now())
-           AND (preferred_worker IS NULL OR preferred_worker = $1 OR preferred_until <= now())
-         ORDER BY priority DESC, fair_at, id
-         LIMIT $4
-           FOR UPDATE SKIP LOCKED) AS h
-     ORDER BY h.priority DESC, h.fair_at, h.id
+       AND (deadline IS NULL OR deadline > now())
+       AND (preferred_worker IS NULL OR preferred_worker = $1 OR preferred_until <= now())
+     ORDER BY priority DESC, fair_at, id
      LIMIT $4
+       FOR UPDATE SKIP LOCKED
 )
 UPDATE jobs AS j
    SET owner = $1, claimed_at = now(), claim_expires_at = now() + make_interval(secs => $5),
@@ -175,19 +169,16 @@ BEGIN
     PERFORM set_config('synchronous_commit', 'on', true);
     RETURN QUERY
     WITH candidates AS (
-        SELECT h.id, h.ctid FROM unnest(p_agents) AS a(agent) CROSS JOIN LATERAL (
-            SELECT id, ctid, priority, fair_at FROM jobs
-             WHERE state = 'queued' AND owner IS NULL AND NOT key_wait
-               AND agent = a.agent AND (requires <@ p_caps OR NOT EXISTS (
+        SELECT id, ctid FROM jobs
+         WHERE state = 'queued' AND owner IS NULL AND NOT key_wait
+           AND agent = ANY(p_agents) AND (requires <@ p_caps OR NOT EXISTS (
                  SELECT 1 FROM unnest(requires) AS r
                   WHERE r <> ALL(p_caps) AND (strpos(r, '/') = 0 OR split_part(r, '/', 1) || '/*' <> ALL(p_caps))))
-               AND (deadline IS NULL OR deadline > now())
-               AND (preferred_worker IS NULL OR preferred_worker = p_worker OR preferred_until <= now())
-             ORDER BY priority DESC, fair_at, id
-             LIMIT p_limit
-               FOR UPDATE SKIP LOCKED) AS h
-         ORDER BY h.priority DESC, h.fair_at, h.id
+           AND (deadline IS NULL OR deadline > now())
+           AND (preferred_worker IS NULL OR preferred_worker = p_worker OR preferred_until <= now())
+         ORDER BY priority DESC, fair_at, id
          LIMIT p_limit
+           FOR UPDATE SKIP LOCKED
     ), numbered AS (
         -- One execution id each, in job id order (a window may not sit under FOR UPDATE, so numbered apart).
         SELECT c.id, c.ctid, row_number() OVER (ORDER BY c.id) AS n FROM candidates AS c
