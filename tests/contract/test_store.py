@@ -559,8 +559,8 @@ async def test_admission_state_reads_the_queue_depth_and_the_circuit_together(st
 
 async def test_the_gates_counts_stop_one_past_the_cap(store: Store) -> None:
     # A submit behind a backlog must not count the whole backlog (42 ms per read behind 100,000 queued on PostgreSQL
-    # before the bound, bench/backlog.py --gate): the counts stop at the bound asked for, and the gate's is its larger cap + 1; a refusal behind a
-    # backlog bigger than the cap says "more than" the cap. Unbounded, the counts are whole.
+    # before the bound, bench/backlog.py --gate): the counts stop at the bound asked for, and the gate's is its larger
+    # cap + 1; a refusal behind a backlog bigger than the cap says "more than" the cap. Unbounded, the counts are whole.
     for i in range(5):
         await submit(store, tenant="a", input={"i": i})
     await submit(store, tenant="b")
