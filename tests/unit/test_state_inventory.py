@@ -90,6 +90,7 @@ ALLOWED: dict[str, str] = {
     "tenure.worker.held.Held.claimed": ROW,
     "tenure.worker.held.Held.running": ROW,
     "tenure.worker.observe.WorkerObserver._claimed_at": ROW,
+    "tenure.worker.observe.WorkerObserver._children": ROW,
     "tenure.worker.observe.WorkerObserver._health_tables": ROW,
     "tenure.worker.observe.WorkerObserver._late_samples": ROW,
     "tenure.worker.observe.WorkerObserver._lost_workers": ROW,
