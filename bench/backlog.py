@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import re
 import tempfile
 import time
 import uuid
@@ -33,7 +34,7 @@ from collections.abc import AsyncIterator
 import asyncpg
 
 from tenure.app import open_backends
-from tenure.backends._queries import cte_body, load_queries
+from tenure.backends._queries import load_queries
 from tenure.contracts.states import JobState
 from tenure.contracts.store import JobStore
 from tenure.contracts.types import AgentSpec, Finish, NewJob, new_id
@@ -126,6 +127,21 @@ async def fill_fast(url: str, admission: Admission, n: int, agent: str, tenant: 
 
 
 # The claim's candidate read (claim_jobs, and pg_temp.tenure_claim_start's first statement), for --explain.
+def cte_body(sql: str, name: str) -> str:
+    """The body of the common table expression `name` of `sql` (`WITH name AS (...)`), without its parentheses:
+    for a read of what a statement would select (an EXPLAIN of a claim's candidates) that cannot drift from it."""
+    start = re.search(rf"\b{re.escape(name)} AS (?:MATERIALIZED )?\(", sql)
+    if start is None:
+        raise ValueError(f"no CTE {name!r} in the statement")
+    depth, i = 1, start.end()
+    while depth:
+        if i >= len(sql):
+            raise ValueError(f"the CTE {name!r} is not closed")
+        depth += {"(": 1, ")": -1}.get(sql[i], 0)
+        i += 1
+    return sql[start.end() : i - 1]
+
+
 def candidates_sql() -> str:
     """The claim's candidate read, as the store runs it: the `candidates` CTE of queries.sql `claim_jobs` (the same
     text as pg_temp.tenure_claim_start's, tests/unit/test_misc.py), $1 worker, $2 agents, $3 capabilities, $4 limit."""

@@ -45,18 +45,3 @@ def load_migrations(package: str) -> list[tuple[int, str, str]]:
         if version != i:
             raise ValueError(f"migrations of {package} are not numbered 1..n (found {version} at {i})")
     return out
-
-
-def cte_body(sql: str, name: str) -> str:
-    """The body of the common table expression `name` of `sql` (`WITH name AS (...)`), without its parentheses:
-    for a read of what a statement would select (an EXPLAIN of a claim's candidates) that cannot drift from it."""
-    start = re.search(rf"\b{re.escape(name)} AS (?:MATERIALIZED )?\(", sql)
-    if start is None:
-        raise ValueError(f"no CTE {name!r} in the statement")
-    depth, i = 1, start.end()
-    while depth:
-        if i >= len(sql):
-            raise ValueError(f"the CTE {name!r} is not closed")
-        depth += {"(": 1, ")": -1}.get(sql[i], 0)
-        i += 1
-    return sql[start.end() : i - 1]
