@@ -130,3 +130,20 @@ async def test_a_paused_execution_is_not_reported_nor_stopped_before_the_jobs_ti
     assert await run(0.3, limits, paused=True) is None and soft == []  # ran on to its end, under the ceiling
     assert await run(5.0, Timeouts(None, 0.02, 0.1), paused=True) == 0.1  # the ceiling still holds
     assert await run(5.0, Timeouts(None, 0.1, 0.1), paused=True) == 0.1  # timeout= itself is the hard one
+
+
+async def test_the_wait_ends_with_the_task_leaves_no_callback_and_a_cancelled_wait_leaves_the_task_running() -> None:
+    task = asyncio.create_task(asyncio.sleep(0.01, "done"))
+    assert await wait_within(task, Timeouts(1.0, 2.0, 2.0), lambda elapsed, s: None) is None
+    assert task.result() == "done"
+
+    slow = asyncio.create_task(asyncio.sleep(5))
+    waiting = asyncio.create_task(wait_within(slow, Timeouts(None, None), lambda elapsed, s: None))
+    await asyncio.sleep(0.02)
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    # The handler is the caller's to stop (with its grace), never stopped by the wait itself, and the wait's
+    # wake-up is gone from it.
+    assert not slow.done() and not slow._callbacks  # type: ignore[attr-defined]
+    slow.cancel()
