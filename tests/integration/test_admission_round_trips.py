@@ -76,3 +76,28 @@ async def test_the_enqueue_is_a_function_that_keeps_its_generic_plan(pg_database
     finally:
         await conn.close()
     assert config == ["plan_cache_mode=force_generic_plan"], config
+
+
+async def test_the_gates_read_planned_on_an_empty_table_never_scans_every_job(pg_database_url: str) -> None:
+    # The gate's counts are planned once per session (the enqueue's plan_cache_mode holds for the functions it
+    # calls). Planned while the table was empty, the total was a sequential scan of `jobs`, kept for the
+    # session: every submit then read every job the table held, finished ones included. Taking the SET clause of
+    # migration 0016 off fails this.
+    backends = await open_backends(Settings.of(database_url=pg_database_url))
+    await backends.close()
+    conn = await asyncpg.connect(pg_database_url)
+    read = "SELECT total, mine FROM tenure_admission_state('t', 'c', 60, 501)"
+    try:
+        await conn.execute("SET plan_cache_mode = force_generic_plan")
+        assert tuple(await conn.fetchrow(read)) == (0, 0)  # planned now, on an empty table
+        await conn.execute(
+            "INSERT INTO jobs (id, tenant, agent, input, request_fingerprint, max_attempts, state, finished_at)"
+            " SELECT gen_random_uuid(), 't', 'a', '{}', '\\x00', 1, 'succeeded', now()"
+            " FROM generate_series(1, 5000)"
+        )
+        async with conn.transaction():
+            assert tuple(await conn.fetchrow(read)) == (0, 0)
+            scans = await conn.fetchval("SELECT seq_scan FROM pg_stat_xact_user_tables WHERE relid = 'jobs'::regclass")
+        assert scans == 0, f"the gate's read scanned the jobs table {scans} time(s)"
+    finally:
+        await conn.close()

@@ -46,7 +46,8 @@ SELECT 'column', table_name || '.' || column_name || ' ' || data_type || ' ' || 
 UNION ALL
 SELECT 'index', indexdef FROM pg_indexes WHERE schemaname = $1 AND tablename <> 'tenure_migrations'
 UNION ALL
-SELECT 'function', p.proname || ' ' || md5(p.prosrc) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+SELECT 'function', p.proname || ' ' || md5(p.prosrc) || ' ' || coalesce(array_to_string(p.proconfig, ','), '')
+  FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
  WHERE n.nspname = $1
 ORDER BY 1, 2
 """

@@ -337,11 +337,12 @@ CREATE TABLE job_budgets (
 -- Usage reports by time, for GET /v1/usage.
 CREATE INDEX audit_records_usage ON audit_records (ts) WHERE kind = 'usage';
 
--- The enqueue, planned once per session, and the gate's read it makes (migration 0014 says why; queries.sql
--- enqueue_jobs and admission_state call them).
+-- The enqueue, planned once per session, and the gate's read it makes (migrations 0014 and 0016 say why;
+-- queries.sql enqueue_jobs and admission_state call them).
 CREATE FUNCTION tenure_admission_state(p_tenant text, p_circuit_key text, p_window_s float8, p_upto int8)
 RETURNS TABLE (total bigint, mine bigint, failures bigint, latest float8, now float8)
 LANGUAGE plpgsql
+SET enable_seqscan = off  -- planned once per session: never a scan of every job (migration 0016)
 AS $$
 BEGIN
     -- Jobs waiting to start in all and of tenant p_tenant, each counted up to p_upto (NULL: no bound) on its
