@@ -1,7 +1,8 @@
-"""Where a job's pickup latency goes (the harness's W2, decomposed), on PostgreSQL.
+"""Where a job's pickup latency goes (the harness's W2, decomposed), on PostgreSQL or SQLite.
 
     .venv/bin/python bench/pickup.py                 # 800 jobs, 2 workers x 10
     .venv/bin/python bench/pickup.py --n 2000 --workers 1
+    .venv/bin/python bench/pickup.py --sqlite /tmp/pickup.db
 
 One submit every 10 ms to idle workers (like W2). For each job, from the client's clock before the submit and
 the database's timestamps (same machine, same clock):
@@ -14,7 +15,7 @@ the database's timestamps (same machine, same clock):
     total                t0 -> handler: the harness's pickup latency
 
 Prints p50/p90/p99/max of each and the slowest totals (PICKUP_WORST=N shows N of them, default 5). Uses a
-scratch schema `bench_pickup` in the test database.
+scratch schema `bench_pickup` in the test database, or a fresh SQLite file (whose clock is the same machine's).
 """
 
 from __future__ import annotations
@@ -46,11 +47,18 @@ async def pickup(ctx: Any, input: Any) -> dict[str, float]:
     return {"t": time.time()}
 
 
-async def main(n: int, workers: int) -> None:
-    url = f"{PG_BASE}?search_path={SCHEMA}"
-    admin = await asyncpg.connect(PG_BASE)
-    await admin.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE; CREATE SCHEMA {SCHEMA}")
-    await admin.close()
+async def main(n: int, workers: int, sqlite: str | None) -> None:
+    if sqlite:
+        path = os.path.abspath(sqlite)
+        for f in (path, path + "-wal", path + "-shm"):
+            if os.path.exists(f):
+                os.remove(f)
+        url = f"sqlite:///{path}"
+    else:
+        url = f"{PG_BASE}?search_path={SCHEMA}"
+        admin = await asyncpg.connect(PG_BASE)
+        await admin.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE; CREATE SCHEMA {SCHEMA}")
+        await admin.close()
     here = HERE
     env = dict(
         os.environ,
@@ -105,7 +113,7 @@ async def main(n: int, workers: int) -> None:
             )
         )
     names = ["t0 -> created", "submit returns after created", "created -> claim", "claim -> handler", "total"]
-    print(f"{n} jobs, {workers} worker(s), load average {os.getloadavg()[0]:.1f}")
+    print(f"{'sqlite' if sqlite else 'postgres'}: {n} jobs, {workers} worker(s), load average {os.getloadavg()[0]:.1f}")
     for k, name in enumerate(names):
         xs = sorted(r[k] * 1000 for r in rows)
         q = [xs[min(len(xs) - 1, int(p * len(xs)))] for p in (0.5, 0.9, 0.99)]
@@ -118,5 +126,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--n", type=int, default=800)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--sqlite", metavar="PATH", help="a SQLite file to make afresh (default: PostgreSQL)")
     args = parser.parse_args()
-    asyncio.run(main(args.n, args.workers))
+    asyncio.run(main(args.n, args.workers, args.sqlite))
