@@ -47,13 +47,18 @@ async def pickup(ctx: Any, input: Any) -> dict[str, float]:
     return {"t": time.time()}
 
 
+def fresh_sqlite(path: str) -> str:
+    """The URL of a new SQLite database at `path` (any earlier one removed)."""
+    path = os.path.abspath(path)
+    for f in (path, path + "-wal", path + "-shm"):
+        if os.path.exists(f):
+            os.remove(f)
+    return f"sqlite:///{path}"
+
+
 async def main(n: int, workers: int, sqlite: str | None) -> None:
     if sqlite:
-        path = os.path.abspath(sqlite)
-        for f in (path, path + "-wal", path + "-shm"):
-            if os.path.exists(f):
-                os.remove(f)
-        url = f"sqlite:///{path}"
+        url = fresh_sqlite(sqlite)
     else:
         url = f"{PG_BASE}?search_path={SCHEMA}"
         admin = await asyncpg.connect(PG_BASE)
