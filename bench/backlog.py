@@ -126,7 +126,6 @@ async def fill_fast(url: str, admission: Admission, n: int, agent: str, tenant: 
         await conn.close()
 
 
-# The claim's candidate read (claim_jobs, and pg_temp.tenure_claim_start's first statement), for --explain.
 def cte_body(sql: str, name: str) -> str:
     """The body of the common table expression `name` of `sql` (`WITH name AS (...)`), without its parentheses:
     for a read of what a statement would select (an EXPLAIN of a claim's candidates) that cannot drift from it."""
@@ -142,6 +141,7 @@ def cte_body(sql: str, name: str) -> str:
     return sql[start.end() : i - 1]
 
 
+# The claim's candidate read (claim_jobs, and pg_temp.tenure_claim_start's first statement), for --explain.
 def candidates_sql() -> str:
     """The claim's candidate read, as the store runs it: the `candidates` CTE of queries.sql `claim_jobs` (the same
     text as pg_temp.tenure_claim_start's, tests/unit/test_misc.py), $1 worker, $2 agents, $3 capabilities, $4 limit."""
