@@ -218,7 +218,7 @@ async def bench_redis_interleaved(clients: int, seconds: float, ns: str) -> dict
         await rl.release("k", f"c{c}")
 
     async def quota_pair(c: int, i: int) -> None:
-        assert await rl.acquire_in_line("q", tickets[c], 1_000_000, 30)
+        assert (await rl.acquire_in_line("q", tickets[c], 1_000_000, 30)).held
         await rl.release_and_hand_over("q", f"q{c}", 1_000_000, 30)
 
     cells = {"bare": bare, "pair": pair, "quota_pair": quota_pair}

@@ -41,6 +41,7 @@ from tenure.backends.redis import RedisLeases
 from tenure.backends.redis._scripts import generation_key
 from tenure.backends.sqlite import SqliteLeases, SqliteStore, database_files
 from tenure.contracts.errors import LeasesUnavailable
+from tenure.contracts.leases import InLine
 from tenure.contracts.store import LeaseRef, Leases, line_key, new_ticket
 
 if TYPE_CHECKING:  # only for annotations: this file also runs as a script, where `tests` is not importable
@@ -335,25 +336,25 @@ async def test_a_thousand_concurrent_acquires_admit_exactly_the_limit(
 # -- the waiting line (FIFO acquire, release with hand-over) ------------------------------------------------
 async def test_acquire_in_line_takes_a_free_slot_when_nobody_waits(leases: Leases) -> None:
     ticket = new_ticket("a")
-    assert await leases.acquire_in_line("k", ticket, limit=1, ttl_s=30)
+    assert (await leases.acquire_in_line("k", ticket, limit=1, ttl_s=30)).held
     assert await leases.holders("k") == ["a"]
     assert await leases.holders(line_key("k")) == []
-    assert await leases.acquire_in_line("k", ticket, limit=1, ttl_s=30), "idempotent for its holder"
+    assert (await leases.acquire_in_line("k", ticket, limit=1, ttl_s=30)).held, "idempotent for its holder"
     assert await leases.holders("k") == ["a"]
 
 
 async def test_a_full_key_queues_the_ticket_and_a_release_hands_the_slot_to_the_oldest(leases: Leases) -> None:
-    assert await leases.acquire_in_line("k", new_ticket("a"), limit=1, ttl_s=30)
+    assert (await leases.acquire_in_line("k", new_ticket("a"), limit=1, ttl_s=30)).held
     first, second = new_ticket("b"), new_ticket("c")
-    assert not await leases.acquire_in_line("k", first, limit=1, ttl_s=30)
-    assert not await leases.acquire_in_line("k", second, limit=1, ttl_s=30)
-    assert not await leases.acquire_in_line("k", first, limit=1, ttl_s=30), "waiting again keeps one ticket"
+    assert not (await leases.acquire_in_line("k", first, limit=1, ttl_s=30)).held
+    assert not (await leases.acquire_in_line("k", second, limit=1, ttl_s=30)).held
+    assert not (await leases.acquire_in_line("k", first, limit=1, ttl_s=30)).held, "waiting again keeps one ticket"
     assert sorted(await leases.holders(line_key("k"))) == [first, second]
     assert await leases.release_and_hand_over("k", "a", limit=1, ttl_s=30) == [first]
     assert await leases.holders("k") == ["b"]
     assert await leases.holders(line_key("k")) == [second]
     # The served waiter learns it holds the slot (acquire_in_line answers True and does not queue it again).
-    assert await leases.acquire_in_line("k", first, limit=1, ttl_s=30)
+    assert (await leases.acquire_in_line("k", first, limit=1, ttl_s=30)).held
     assert await leases.holders(line_key("k")) == [second]
     assert await leases.release_and_hand_over("k", "b", limit=1, ttl_s=30) == [second]
     assert await leases.release_and_hand_over("k", "c", limit=1, ttl_s=30) == []
@@ -365,11 +366,17 @@ async def test_a_newcomer_does_not_overtake_older_tickets_for_a_free_slot(leases
     assert await leases.acquire("k", "a", limit=2, ttl_s=30)
     assert await leases.acquire("k", "b", limit=2, ttl_s=30)
     old = new_ticket("old")
-    assert not await leases.acquire_in_line("k", old, limit=2, ttl_s=30)
+    assert not (await leases.acquire_in_line("k", old, limit=2, ttl_s=30)).held
     await leases.release("k", "a")  # freed without a hand-over (as an expiry would)
-    assert not await leases.acquire_in_line("k", new_ticket("new"), limit=2, ttl_s=30)
-    assert await leases.acquire_in_line("k", old, limit=2, ttl_s=30), "the oldest ticket takes the free slot"
+    new = new_ticket("new")
+    # The newcomer's poll finds the slot free for the older ticket and hands it over, as a release would: a slot
+    # that came free by expiry waits for no particular waiter's poll.
+    assert await leases.acquire_in_line("k", new, limit=2, ttl_s=30) == InLine(False, (old,))
     assert sorted(await leases.holders("k")) == ["b", "old"]
+    assert await leases.holders(line_key("k")) == [new]
+    assert (await leases.acquire_in_line("k", old, limit=2, ttl_s=30)).held, "the served waiter learns it holds it"
+    assert sorted(await leases.holders("k")) == ["b", "old"]
+    assert await leases.acquire_in_line("k", new, limit=2, ttl_s=30) == InLine(False), "no slot free: none served"
 
 
 async def test_a_release_hands_every_free_slot_oldest_first(leases: Leases) -> None:
@@ -377,7 +384,7 @@ async def test_a_release_hands_every_free_slot_oldest_first(leases: Leases) -> N
         assert await leases.acquire("k", h, limit=3, ttl_s=30)
     tickets = [new_ticket(f"w{i}") for i in range(4)]
     for t in reversed(tickets):  # queued newest first: the order is the tickets', not the calls'
-        assert not await leases.acquire_in_line("k", t, limit=3, ttl_s=30)
+        assert not (await leases.acquire_in_line("k", t, limit=3, ttl_s=30)).held
     await leases.release("k", "a")
     await leases.release("k", "b")
     assert await leases.release_and_hand_over("k", "c", limit=3, ttl_s=30) == tickets[:3]
@@ -388,8 +395,8 @@ async def test_a_release_hands_every_free_slot_oldest_first(leases: Leases) -> N
 async def test_an_expired_ticket_is_never_handed_a_slot(leases: Leases) -> None:
     assert await leases.acquire("k", "a", limit=1, ttl_s=30)
     dead, alive = new_ticket("dead"), new_ticket("alive")
-    assert not await leases.acquire_in_line("k", dead, limit=1, ttl_s=0.2)
-    assert not await leases.acquire_in_line("k", alive, limit=1, ttl_s=30)
+    assert not (await leases.acquire_in_line("k", dead, limit=1, ttl_s=0.2)).held
+    assert not (await leases.acquire_in_line("k", alive, limit=1, ttl_s=30)).held
     await asyncio.sleep(0.4)
     assert await leases.release_and_hand_over("k", "a", limit=1, ttl_s=30) == [alive]
     assert await leases.holders("k") == ["alive"]
@@ -402,7 +409,7 @@ async def test_a_slot_handed_over_lasts_only_as_long_as_the_served_ticket_would_
     assert await leases.acquire("k", "a", limit=1, ttl_s=30)
     ticket = new_ticket("dead")
     queued_at = loop.time()
-    assert not await leases.acquire_in_line("k", ticket, limit=1, ttl_s=1.0)
+    assert not (await leases.acquire_in_line("k", ticket, limit=1, ttl_s=1.0)).held
     assert await leases.release_and_hand_over("k", "a", limit=1, ttl_s=30) == [ticket]
     assert await leases.holders("k") == ["dead"]
 
@@ -423,7 +430,8 @@ async def test_concurrent_acquires_in_line_admit_exactly_the_limit(
     results = await asyncio.gather(
         *(clients[i % len(clients)].acquire_in_line("burst", t, limit, 30) for i, t in enumerate(tickets))
     )
-    assert sum(results) == limit
+    # A call takes a slot, or hands free ones to older tickets that queued before it: each slot goes once.
+    assert sum(r.held + len(r.served) for r in results) == limit
     assert len(await leases.holders("burst")) == limit
     assert len(await leases.holders(line_key("burst"))) == len(tickets) - limit
 
@@ -694,8 +702,8 @@ async def test_redis_grants_nothing_new_for_one_ttl_after_losing_its_leases(
     # The old holders may still be calling upstream until their next renewal: a newcomer must not join them.
     assert not await leases.acquire("k", "new", limit=3, ttl_s=ttl)
     first, second = new_ticket("first"), new_ticket("second")
-    assert not await leases.acquire_in_line("k", first, limit=3, ttl_s=ttl)
-    assert not await leases.acquire_in_line("k", second, limit=3, ttl_s=ttl)
+    assert not (await leases.acquire_in_line("k", first, limit=3, ttl_s=ttl)).held
+    assert not (await leases.acquire_in_line("k", second, limit=3, ttl_s=ttl)).held
     assert await leases.renew(old, ttl_s=ttl) == old, "the old holders learn at their renewal that they lost"
     assert await leases.release_and_hand_over("k", "a", limit=3, ttl_s=ttl) == [], "a hand-over grants too"
     assert not await leases.acquire("k", "a", limit=3, ttl_s=ttl), "an old holder is a new holder now"
@@ -703,13 +711,13 @@ async def test_redis_grants_nothing_new_for_one_ttl_after_losing_its_leases(
 
     async def first_served() -> bool:
         # Both waiters poll, as the quota manager's do (which also keeps their tickets alive); one slot is asked for.
-        assert not await leases.acquire_in_line("k", second, limit=1, ttl_s=ttl), "the second overtook the first"
-        return await leases.acquire_in_line("k", first, limit=1, ttl_s=ttl)
+        assert not (await leases.acquire_in_line("k", second, limit=1, ttl_s=ttl)).held, "the second overtook the first"
+        return (await leases.acquire_in_line("k", first, limit=1, ttl_s=ttl)).held
 
     await _eventually(first_served, timeout_s=5 * ttl)
     assert loop.time() - lost_at >= ttl, "a slot was granted within one TTL of the loss"
-    assert not await leases.acquire_in_line("k", new_ticket("late"), limit=2, ttl_s=ttl), "the line kept its order"
-    assert await leases.acquire_in_line("k", second, limit=2, ttl_s=ttl)
+    assert not (await leases.acquire_in_line("k", new_ticket("late"), limit=2, ttl_s=ttl)).held, "the line kept its order"
+    assert (await leases.acquire_in_line("k", second, limit=2, ttl_s=ttl)).held
     assert sorted(await leases.holders("k")) == ["first", "second"]
 
 

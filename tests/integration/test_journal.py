@@ -102,7 +102,9 @@ async def test_a_retry_safe_journaled_agent_killed_in_its_second_step_runs_each_
                     job = await eventually(lambda j=job_id: _terminal(client, j), 60, f"job {job_id}\n{pool.logs()}")
                     assert job.state is JobState.SUCCEEDED, (job, pool.logs())
                     assert job.result == {"steps": ["one", "two", "three"]}
-                    assert job.attempts == 2, job  # the kill cost one attempt: requeued, not lost
+                    # The kill cost one attempt: requeued, not lost (the history says what cost any other).
+                    history = [(e.type, e.epoch, e.payload) for e in await client.events(job_id)]
+                    assert job.attempts == 2, (job, history, pool.logs())
                     assert await _read(d / "path") == ["one", "two", "three"], d  # each step ran exactly once
                     (unknown,) = await _read(d / "unknown")  # the next attempt was told, once
                     key, started_at, outcome = unknown.split()

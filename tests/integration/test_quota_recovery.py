@@ -143,6 +143,8 @@ async def test_slots_of_a_sigkilled_worker_are_taken_up_within_ttl_plus_a_heartb
     print(f"{backend}: slots taken up again {seconds} s after their holders stopped")
     bound = TTL_S + HEARTBEAT_S + MARGIN_S
     slowest = max(tries)
+    for t in tries:
+        print("\n".join(t[1]))
     assert slowest[0] <= bound, (
         f"leaked slots taken up after {seconds} s (bound {bound:g} s); the slowest try:\n" + "\n".join(slowest[1])
     )
@@ -192,16 +194,18 @@ async def _taken_up_after(leases: Leases, dead: set[str], stopped_at: float) -> 
     in line (it could still be handed a slot), with the timeline of the dead executions' leases meanwhile."""
     loop = asyncio.get_running_loop()
     timeline: list[str] = []
-    seen: tuple[list[str], list[str]] | None = None
+    seen: tuple[list[str], list[str], int, int] | None = None
     while True:
         holders = await leases.holders(KEY)
         tickets = await leases.holders(line_key(KEY))
         elapsed = loop.time() - stopped_at
         dead_holders = sorted(h for h in holders if _execution(h) in dead)
         dead_tickets = sorted(t for t in tickets if _execution(ticket_holder(t)) in dead)
-        if (dead_holders, dead_tickets) != seen:
-            seen = (dead_holders, dead_tickets)
-            timeline.append(f"{elapsed:6.2f} s: {len(holders) - len(dead_holders)} live holders, dead {seen}")
+        live_tickets = len(tickets) - len(dead_tickets)
+        if (dead_holders, dead_tickets, len(holders), live_tickets) != seen:
+            seen = (dead_holders, dead_tickets, len(holders), live_tickets)
+            live = len(holders) - len(dead_holders)
+            timeline.append(f"{elapsed:6.2f} s: {live} live holders, {live_tickets} live tickets, dead {seen[:2]}")
         if len(holders) - len(dead_holders) == LIMIT and not dead_tickets:
             return elapsed, timeline
         if elapsed > 4 * TTL_S:

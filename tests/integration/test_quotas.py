@@ -15,6 +15,7 @@ from redis.driver_info import DriverInfo
 
 from tenure.backends.redis import RedisChannel, RedisLeases
 from tenure.contracts.errors import LeaseLost, QuotaExhausted, QuotaUnavailable
+from tenure.contracts.leases import InLine
 from tenure.contracts.quotas import QuotaSpec
 from tenure.contracts.store import LeaseRef, Leases
 from tenure.control.quota_blocks import ExecutionQuotas
@@ -147,7 +148,7 @@ async def test_the_heartbeat_renewal_keeps_every_held_lease_in_one_call(
         async def holders(self, key: str) -> list[str]:
             return await leases.holders(key)
 
-        async def acquire_in_line(self, key: str, ticket: str, limit: int, ttl_s: float) -> bool:
+        async def acquire_in_line(self, key: str, ticket: str, limit: int, ttl_s: float) -> InLine:
             return await leases.acquire_in_line(key, ticket, limit, ttl_s)
 
         async def release_and_hand_over(self, key: str, holder: str, limit: int, ttl_s: float) -> list[str]:
@@ -203,7 +204,7 @@ class CountingDead:
         self.calls += 1
         return await self.inner.holders(key)
 
-    async def acquire_in_line(self, key: str, ticket: str, limit: int, ttl_s: float) -> bool:
+    async def acquire_in_line(self, key: str, ticket: str, limit: int, ttl_s: float) -> InLine:
         self.calls += 1
         return await self.inner.acquire_in_line(key, ticket, limit, ttl_s)
 
@@ -268,8 +269,47 @@ async def a_release_wakes_the_waiter_in_the_other_process(
             listener.cancel()
 
 
+async def a_slot_freed_by_expiry_reaches_the_oldest_waiter_by_a_younger_ones_poll(
+    qs: list[QuotaManager], leases: Sequence[Leases], subscribed: Callable[[], Awaitable[None]]
+) -> None:
+    """Quota "k" of 1 is held by a holder no manager knows (a dead worker's). The first manager's waiter queues
+    first, the second's after it; the slot then comes free with no release to hand it over (as an expiry does).
+    The second waiter's poll finds it free for the older ticket and serves it; its manager announces it, and the
+    first waiter — whose own polls are 30 s apart — gets it by that message (issue: migration 0017)."""
+    qs[1].poll_s = 0.05
+    assert await leases[0].acquire("k", "dead", 1, TTL)
+    async with asyncio.TaskGroup() as tg:
+        listeners = [tg.create_task(q.run()) for q in qs]
+        await subscribed()
+        oldest = tg.create_task(ExecutionQuotas(qs[0], "a").quota("k").__aenter__())
+        while len(await leases[0].holders("k#wait")) < 1:
+            await asyncio.sleep(0.005)
+        younger = tg.create_task(ExecutionQuotas(qs[1], "b").quota("k").__aenter__())
+        while len(await leases[0].holders("k#wait")) < 2:
+            await asyncio.sleep(0.005)
+        await leases[0].release("k", "dead")  # no hand-over
+        async with asyncio.timeout(5):  # far below the oldest waiter's 30 s polling floor
+            block = await oldest
+        assert await leases[0].holders("k") == ["a:0"]
+        assert not younger.done(), "the younger waiter overtook the oldest"
+        await block.__aexit__(None, None, None)  # hands the slot to the younger waiter
+        async with asyncio.timeout(5):
+            await (await younger).__aexit__(None, None, None)
+        for listener in listeners:
+            listener.cancel()
+
+
+FREED_BY = {
+    "release": a_release_wakes_the_waiter_in_the_other_process,
+    "expiry": a_slot_freed_by_expiry_reaches_the_oldest_waiter_by_a_younger_ones_poll,
+}
+
+
+@pytest.mark.parametrize("freed_by", sorted(FREED_BY))
 @pytest.mark.parametrize("announced_by", ["manager", "lease script"])
-async def test_waiters_in_other_processes_are_woken_by_a_message_not_by_polling(namespace: str, announced_by: str) -> None:
+async def test_waiters_in_other_processes_are_woken_by_a_message_not_by_polling(
+    namespace: str, announced_by: str, freed_by: str
+) -> None:
     prefix = f"tenure-test:{namespace}:lease:"
     chan = f"tenure-test:{namespace}:chan:"
     in_script = announced_by == "lease script"
@@ -293,7 +333,7 @@ async def test_waiters_in_other_processes_are_woken_by_a_message_not_by_polling(
             await raw.aclose()
 
     try:
-        await a_release_wakes_the_waiter_in_the_other_process(qs, leases, subscribed)
+        await FREED_BY[freed_by](qs, leases, subscribed)
     finally:
         for x in (*leases, *channels):
             await x.close()
@@ -320,7 +360,7 @@ async def test_a_renewal_that_hangs_past_the_ttl_fences_the_holders_without_wait
         async def holders(self, key: str) -> list[str]:
             return await leases.holders(key)
 
-        async def acquire_in_line(self, key: str, ticket: str, limit: int, ttl_s: float) -> bool:
+        async def acquire_in_line(self, key: str, ticket: str, limit: int, ttl_s: float) -> InLine:
             return await leases.acquire_in_line(key, ticket, limit, ttl_s)
 
         async def release_and_hand_over(self, key: str, holder: str, limit: int, ttl_s: float) -> list[str]:
@@ -352,8 +392,9 @@ async def test_a_block_that_ends_with_an_error_leaves_its_lease_to_expire_instea
         assert await leases.holders("k") == ["c:0"]
 
 
+@pytest.mark.parametrize("freed_by", sorted(FREED_BY))
 async def test_without_redis_waiters_in_other_processes_are_woken_by_a_notify_not_by_polling(
-    pg_database_url: str, namespace: str
+    pg_database_url: str, namespace: str, freed_by: str
 ) -> None:
     """Leases in PostgreSQL: the release's hand-over is announced with a NOTIFY (PostgresChannel)."""
     import asyncpg
@@ -377,7 +418,7 @@ async def test_without_redis_waiters_in_other_processes_are_woken_by_a_notify_no
             await asyncio.sleep(0.01)
 
     try:
-        await a_release_wakes_the_waiter_in_the_other_process(qs, leases, subscribed)
+        await FREED_BY[freed_by](qs, leases, subscribed)
     finally:
         await admin.close()
         for x in (*leases, *channels):
@@ -467,7 +508,7 @@ async def test_a_slot_granted_just_before_a_freeze_past_the_ttl_is_not_used_with
         def __getattr__(self, name: str) -> object:
             return getattr(leases, name)
 
-        async def acquire_in_line(self, key: str, ticket: str, limit: int, ttl_s: float) -> bool:
+        async def acquire_in_line(self, key: str, ticket: str, limit: int, ttl_s: float) -> InLine:
             granted = await leases.acquire_in_line(key, ticket, limit, ttl_s)
             if not frozen:
                 frozen.append(ticket)

@@ -20,6 +20,15 @@ class LeaseRef:
     holder: str
 
 
+@dataclass(frozen=True, slots=True)
+class InLine:
+    """What `Leases.acquire_in_line` answers: whether the ticket's holder holds a slot now, and otherwise the
+    older tickets this call handed free slots to (tell their waiters, as after a release)."""
+
+    held: bool
+    served: tuple[str, ...] = ()
+
+
 WAIT_SUFFIX = "#wait"
 """The waiting line of lease key `k` is the lease key `k#wait` (quota keys cannot contain `#`): its holders are
 tickets, renewed and expired like any lease, so a waiter that dies leaves the line on its own."""
@@ -66,13 +75,15 @@ class Leases(Protocol):
         """Current unexpired holders of `key`."""
         ...
 
-    async def acquire_in_line(self, key: str, ticket: str, limit: int, ttl_s: float) -> bool:
+    async def acquire_in_line(self, key: str, ticket: str, limit: int, ttl_s: float) -> InLine:
         """Take a slot of `key` for `ticket_holder(ticket)` in FIFO order, or wait in line for one.
 
         The holder takes a slot when it already holds one (refreshed: a hand-over may have granted it), or when
         fewer unexpired tickets older than `ticket` wait in `key`'s line than there are free slots; its ticket
-        then leaves the line and the answer is True. Otherwise the ticket joins the line (or stays, renewed to
-        now + ttl) and the answer is False. One atomic step, server clock."""
+        then leaves the line and the answer is `held`. Otherwise the ticket joins the line (or stays, renewed to
+        now + ttl), and the free slots it may not take — slots that came free by expiry, which no release hands
+        over — go to the oldest tickets as `release_and_hand_over` gives them: the answer lists them in
+        `served`. One atomic step, server clock."""
         ...
 
     async def release_and_hand_over(self, key: str, holder: str, limit: int, ttl_s: float) -> list[str]:

@@ -13,7 +13,8 @@ the oldest ticket's holder, so a slot is never idle while someone waits and the 
 workers gets it. The releaser then tells that waiter it already holds the slot: at once when it is in the same
 process, over the `Channel` (topic `quota:<key>`, a comma-separated list of tickets) otherwise. The waiter takes
 no further round trip. Polling (`acquire_in_line` again every `poll_s`) is the floor when no channel is
-configured, a message is lost, or a slot came free by expiry (nobody released it).
+configured or a message is lost. A slot that came free by expiry (a dead holder's: nobody released it) is served
+by the first poll of any waiter: one that finds slots free for older tickets hands them over as a release does.
 
 Fencing: when a renewal reports a lease lost, the task inside the holding block is cancelled and the block
 raises `LeaseLost`: the slot may already belong to someone else, so no upstream call continues on it. Every lease
@@ -45,6 +46,7 @@ from tenure.contracts.errors import (
     QuotaUnavailable,
     StoreUnavailable,
 )
+from tenure.contracts.leases import InLine
 from tenure.contracts.quotas import QuotaSpec
 from tenure.contracts.store import WAIT_SUFFIX, LeaseRef, Leases, line_key, new_ticket, ticket_holder
 
@@ -342,7 +344,7 @@ class QuotaManager:
         queued = held = False
         try:
             sent = time.monotonic()
-            if await self.leases.acquire_in_line(spec.key, ticket.holder, spec.limit, self.ttl_s):
+            if self._in_line(spec, await self.leases.acquire_in_line(spec.key, ticket.holder, spec.limit, self.ttl_s)):
                 held = True
                 return sent + self.ttl_s
             queued = True
@@ -366,7 +368,7 @@ class QuotaManager:
                     )
                 # The floor: were we handed a slot whose message was lost, or did one come free by expiry?
                 sent = time.monotonic()
-                if await self.leases.acquire_in_line(spec.key, ticket.holder, spec.limit, self.ttl_s):
+                if self._in_line(spec, await self.leases.acquire_in_line(spec.key, ticket.holder, spec.limit, self.ttl_s)):
                     held = True
                     return sent + self.ttl_s
                 line.valid_until = max(line.valid_until, sent + self.ttl_s)
@@ -377,6 +379,13 @@ class QuotaManager:
                 # Timed out, cancelled, or the backend failed: a dead ticket must not stay at the head of the
                 # line (slots handed to it would idle until it expires), nor a slot granted meanwhile.
                 await self._leave_line(spec, ticket)
+
+    def _in_line(self, spec: QuotaSpec, answer: InLine) -> bool:
+        """Whether a poll of the line took a slot; the older waiters it served (slots that came free by expiry,
+        which no release hands over) are told like those of a release."""
+        if answer.served:
+            self._served(spec.key, list(answer.served))
+        return answer.held
 
     async def _leave_line(self, spec: QuotaSpec, ticket: LeaseRef) -> None:
         """Give up waiting: leave the line, and give back (handing it over) a slot granted meanwhile."""

@@ -18,7 +18,7 @@ from tenure.backends._queries import load_queries
 from tenure.backends._rules import check_lease_args as check_args
 from tenure.backends.postgres._connections import DRIVER_ERRORS
 from tenure.contracts.errors import LeasesUnavailable
-from tenure.contracts.store import LeaseRef
+from tenure.contracts.leases import InLine, LeaseRef
 
 Q = load_queries("tenure.backends.postgres")
 
@@ -62,11 +62,13 @@ async def holders(pool: Any, key: str) -> list[str]:
         return [r["holder"] for r in await conn.fetch(Q["lease_holders"], key)]
 
 
-async def acquire_in_line(pool: Any, key: str, ticket: str, limit: int, ttl_s: float) -> bool:
-    """Take a slot for the ticket's holder in FIFO order, or queue the ticket in the key's line."""
+async def acquire_in_line(pool: Any, key: str, ticket: str, limit: int, ttl_s: float) -> InLine:
+    """Take a slot for the ticket's holder in FIFO order, or queue the ticket in the key's line (serving the older
+    tickets any free slot)."""
     check_args(limit, ttl_s)
     async with _conn(pool, "acquire") as conn:
-        return bool(await conn.fetchval(Q["lease_acquire_in_line"], key, ticket, limit, ttl_s))
+        row = await conn.fetchrow(Q["lease_acquire_in_line"], key, ticket, limit, ttl_s)
+    return InLine(bool(row["held"]), tuple(row["served"] or ()))
 
 
 async def release_and_hand_over(pool: Any, key: str, holder: str, limit: int, ttl_s: float) -> list[str]:
@@ -97,7 +99,7 @@ class PoolLeases:
         """The unexpired holders of `key`, soonest expiry first."""
         return await holders(self._pool, key)
 
-    async def acquire_in_line(self, key: str, ticket: str, limit: int, ttl_s: float) -> bool:
+    async def acquire_in_line(self, key: str, ticket: str, limit: int, ttl_s: float) -> InLine:
         """Take a slot for the ticket's holder in FIFO order, or queue the ticket in `key`'s line."""
         return await acquire_in_line(self._pool, key, ticket, limit, ttl_s)
 

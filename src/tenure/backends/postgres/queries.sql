@@ -530,8 +530,8 @@ RETURNING l.key, l.holder
 DELETE FROM leases WHERE key = $1 AND holder = $2
 
 -- name: lease_acquire_in_line --
--- Take a slot in FIFO order or wait in the key's line (tenure_lease_acquire_in_line in schema.sql).
-SELECT tenure_lease_acquire_in_line($1, $2, $3, $4)
+-- Take a slot in FIFO order or wait in the key's line, serving older tickets any free slot: (held, served).
+SELECT held, served FROM tenure_lease_acquire_in_line($1, $2, $3, $4)
 
 -- name: lease_release_and_hand_over --
 -- Release a slot and hand the free slots to the oldest tickets of the line; returns the tickets served.

@@ -142,11 +142,36 @@ BEGIN
 END
 $$;
 
--- FIFO lease acquire through the key's waiting line (`<key>#wait`, whose holders are tickets '<order>/<holder>'),
--- under the same advisory lock as tenure_lease_acquire. True when the ticket's holder holds a slot (its ticket
--- then leaves the line); false when the ticket waits in line (inserted, or its expiry renewed).
-CREATE FUNCTION tenure_lease_acquire_in_line(p_key text, p_ticket text, p_limit integer, p_ttl double precision)
-RETURNS boolean LANGUAGE plpgsql AS $$
+-- Hand free slots of a key to the oldest tickets of its line (`<key>#wait`, whose holders are tickets
+-- '<order>/<holder>'); the caller holds the key's advisory lock. Returns the tickets served, oldest first.
+CREATE FUNCTION tenure_lease_serve_line(p_key text, p_free integer, p_ttl double precision)
+RETURNS SETOF text LANGUAGE plpgsql AS $$
+DECLARE
+    v_ticket record;
+BEGIN
+    -- The caller holds the key's advisory lock and purged the expired. A served holder's slot lasts until its
+    -- ticket would have expired (at most now + TTL), not a fresh TTL: the ticket's last renewal is the last sign
+    -- of life of its waiter, which may have died since.
+    FOR v_ticket IN
+        SELECT l.holder, l.expires_at FROM leases AS l WHERE l.key = p_key || '#wait'
+         ORDER BY l.holder COLLATE "C" LIMIT greatest(p_free, 0)
+    LOOP
+        INSERT INTO leases AS l (key, holder, expires_at)
+            VALUES (p_key, substr(v_ticket.holder, strpos(v_ticket.holder, '/') + 1),
+                    least(now() + make_interval(secs => p_ttl), v_ticket.expires_at))
+            ON CONFLICT (key, holder) DO UPDATE SET expires_at = greatest(l.expires_at, EXCLUDED.expires_at);
+        DELETE FROM leases AS l WHERE l.key = p_key || '#wait' AND l.holder = v_ticket.holder;
+        RETURN NEXT v_ticket.holder;
+    END LOOP;
+END
+$$;
+
+-- FIFO lease acquire through the key's waiting line, under the same advisory lock as tenure_lease_acquire. `held`
+-- when the ticket's holder holds a slot (its ticket then leaves the line); otherwise the ticket waits in line
+-- (inserted, or its expiry renewed), and free slots it may not take are handed to the older tickets now: `served`.
+CREATE FUNCTION tenure_lease_acquire_in_line(p_key text, p_ticket text, p_limit integer, p_ttl double precision,
+                                             OUT held boolean, OUT served text[])
+LANGUAGE plpgsql AS $$
 DECLARE
     v_line   text := p_key || '#wait';
     v_holder text := substr(p_ticket, strpos(p_ticket, '/') + 1);
@@ -155,6 +180,7 @@ DECLARE
 BEGIN
     PERFORM pg_advisory_xact_lock(hashtextextended('tenure_lease:' || p_key, 0));
     DELETE FROM leases WHERE key IN (p_key, v_line) AND expires_at <= now();
+    served := '{}';
     UPDATE leases AS l SET expires_at = now() + make_interval(secs => p_ttl)
      WHERE l.key = p_key AND l.holder = v_holder;
     IF NOT FOUND THEN
@@ -162,45 +188,29 @@ BEGIN
         -- FIFO: a slot is free for this ticket only if fewer older tickets wait than there are free slots.
         SELECT count(*) INTO v_ahead FROM leases AS l WHERE l.key = v_line AND l.holder COLLATE "C" < p_ticket COLLATE "C";
         IF v_free <= 0 OR v_ahead >= v_free THEN
+            -- The free slots belong to older tickets: hand them over now (all of the oldest v_free are older).
+            served := ARRAY(SELECT tenure_lease_serve_line(p_key, v_free, p_ttl));
             INSERT INTO leases (key, holder, expires_at) VALUES (v_line, p_ticket, now() + make_interval(secs => p_ttl))
                 ON CONFLICT (key, holder) DO UPDATE SET expires_at = EXCLUDED.expires_at;
-            RETURN false;
+            held := false;
+            RETURN;
         END IF;
         INSERT INTO leases (key, holder, expires_at) VALUES (p_key, v_holder, now() + make_interval(secs => p_ttl));
     END IF;
     DELETE FROM leases AS l WHERE l.key = v_line AND l.holder = p_ticket;
-    RETURN true;
+    held := true;
 END
 $$;
 
 -- Release a slot and hand every free slot to the oldest tickets of the key's line in the same transaction (under
 -- the key's advisory lock, so an acquirer that found the key full and queued is seen). Returns the tickets served.
--- A served holder's slot lasts until its ticket would have expired (at most now + TTL), not a fresh TTL: the
--- ticket's last renewal is the last sign of life of its waiter, which may have died since.
 CREATE FUNCTION tenure_lease_release_and_hand_over(p_key text, p_holder text, p_limit integer, p_ttl double precision)
 RETURNS SETOF text LANGUAGE plpgsql AS $$
-DECLARE
-    v_line   text := p_key || '#wait';
-    v_free   integer;
-    v_ticket record;
 BEGIN
     PERFORM pg_advisory_xact_lock(hashtextextended('tenure_lease:' || p_key, 0));
     DELETE FROM leases AS l WHERE l.key = p_key AND l.holder = p_holder;
-    DELETE FROM leases WHERE key IN (p_key, v_line) AND expires_at <= now();
-    SELECT p_limit - count(*) INTO v_free FROM leases WHERE key = p_key;
-    IF v_free <= 0 THEN
-        RETURN;
-    END IF;
-    FOR v_ticket IN
-        SELECT l.holder, l.expires_at FROM leases AS l WHERE l.key = v_line ORDER BY l.holder COLLATE "C" LIMIT v_free
-    LOOP
-        INSERT INTO leases AS l (key, holder, expires_at)
-            VALUES (p_key, substr(v_ticket.holder, strpos(v_ticket.holder, '/') + 1),
-                    least(now() + make_interval(secs => p_ttl), v_ticket.expires_at))
-            ON CONFLICT (key, holder) DO UPDATE SET expires_at = greatest(l.expires_at, EXCLUDED.expires_at);
-        DELETE FROM leases AS l WHERE l.key = v_line AND l.holder = v_ticket.holder;
-        RETURN NEXT v_ticket.holder;
-    END LOOP;
+    DELETE FROM leases WHERE key IN (p_key, p_key || '#wait') AND expires_at <= now();
+    RETURN QUERY SELECT tenure_lease_serve_line(p_key, p_limit - (SELECT count(*)::integer FROM leases WHERE key = p_key), p_ttl);
 END
 $$;
 

@@ -70,6 +70,45 @@ local function quiet(gen, ttl)
 end
 """
 
+# Hand `free` slots of the lease zset `lease` (purged) to the oldest unexpired tickets of its line `line`; returns
+# the tickets served, oldest first, and publishes them on `announce` when it is not empty. RELEASE_AND_HAND_OVER
+# and ACQUIRE_IN_LINE (a poll that finds slots free for older tickets) both serve the line through it.
+_SERVE = """
+local function serve(lease, line_zset, free, ttl, keep, announce)
+  local served = {}
+  if free <= 0 then return served end
+  local flat = redis.call('ZRANGE', line_zset, 0, -1, 'WITHSCORES')
+  local line = {}
+  for i = 1, #flat, 2 do line[#line + 1] = {flat[i], tonumber(flat[i + 1])} end
+  -- Oldest ticket first (fixed-width hex orders: byte order in any locale).
+  table.sort(line, function(a, b) return a[1] < b[1] end)
+  for _, entry in ipairs(line) do
+    if free <= 0 then break end
+    local ticket = entry[1]
+    local holder = string.sub(ticket, (string.find(ticket, '/', 1, true) or 0) + 1)
+    -- The slot lives as long as the ticket would have, not a fresh TTL: the ticket's last renewal is the last sign
+    -- of life of its waiter, which may have died since. A dead waiter's slot then comes back when the waiter's
+    -- own leases do (one TTL after its death), not one TTL after the hand-over.
+    local expiry = math.min(now + ttl, entry[2])
+    local score = redis.call('ZSCORE', lease, holder)
+    if not score then
+      redis.call('ZADD', lease, expiry, holder)
+      free = free - 1
+    elseif tonumber(score) < expiry then
+      -- A holder granted twice (never expected) takes one slot only, and its lease is never shortened.
+      redis.call('ZADD', lease, expiry, holder)
+    end
+    redis.call('ZREM', line_zset, ticket)
+    served[#served + 1] = ticket
+  end
+  if #served > 0 then
+    keep_key(lease, ttl, keep)
+    if announce ~= '' then redis.call('PUBLISH', announce, table.concat(served, ',')) end
+  end
+  return served
+end
+"""
+
 REFUSED_QUIET = 2
 """What ACQUIRE and ACQUIRE_IN_LINE answer instead of 0 when they refused only because the state is too young."""
 
@@ -139,10 +178,12 @@ ACQUIRE_IN_LINE = (
     _NOW
     + _KEEP
     + _QUIET
+    + _SERVE
     + """
 -- KEYS[1] = lease zset, KEYS[2] = its waiting line (zset: member = ticket '<order>/<holder>', score = expiry),
--- KEYS[3] = generation; ARGV = ticket, limit, ttl_ms, keep_ms. Returns 1 if the ticket's holder holds a slot, 0 if
--- it waits in line, 2 if it waits in line because the lease state began less than a TTL ago.
+-- KEYS[3] = generation; ARGV = ticket, limit, ttl_ms, keep_ms, announce channel. Returns {1} if the ticket's holder
+-- holds a slot, {0, served...} if it waits in line (the older tickets it handed free slots to follow, published on
+-- the channel when it is not empty), {2} if it waits in line because the lease state began less than a TTL ago.
 local ticket = ARGV[1]
 local limit = tonumber(ARGV[2])
 local ttl = tonumber(ARGV[3])
@@ -151,10 +192,10 @@ local holder = string.sub(ticket, (string.find(ticket, '/', 1, true) or 0) + 1)
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 -- Already a holder (a hand-over granted it while the waiter slept, or a retry): refresh, leave the line.
 local held = redis.call('ZSCORE', KEYS[1], holder)
-local refused = 0
+local answer = {0}
 if not held and quiet(KEYS[3], ttl) then
   -- Queue (keeping the ticket's place) but take nothing: the line is served once the wait is over.
-  refused = 2
+  answer = {2}
 elseif not held then
   local free = limit - redis.call('ZCARD', KEYS[1])
   if free > 0 then
@@ -168,20 +209,26 @@ elseif not held then
       end
     end
     held = ahead < free
+    if not held then
+      -- The free slots belong to older tickets (all of the oldest `free` are older): serve them now. A slot that
+      -- came free by expiry has no release to hand it over; any waiter's poll does.
+      for _, t in ipairs(serve(KEYS[1], KEYS[2], free, ttl, keep, ARGV[5])) do answer[#answer + 1] = t end
+    end
   end
 end
 if held then
   redis.call('ZADD', KEYS[1], now + ttl, holder)
   keep_key(KEYS[1], ttl, keep)
   redis.call('ZREM', KEYS[2], ticket)
-  return 1
+  return {1}
 end
 redis.call('ZADD', KEYS[2], now + ttl, ticket)
 keep_key(KEYS[2], ttl, keep)
-return refused
+return answer
 """
 )
-"""Take a slot for the ticket's holder if one is free for it in FIFO order, else queue (or keep) the ticket."""
+"""Take a slot for the ticket's holder if one is free for it in FIFO order, else queue (or keep) the ticket, serving
+older tickets the free slots it may not take."""
 
 RELEASE_AND_HAND_OVER = (
     """
@@ -199,6 +246,7 @@ end
     + _NOW
     + _KEEP
     + _QUIET
+    + _SERVE
     + """
 local limit = tonumber(ARGV[2])
 local ttl = tonumber(ARGV[3])
@@ -206,40 +254,9 @@ local keep = tonumber(ARGV[4])
 redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
-local served = {}
 -- A hand-over creates leases: none within a TTL of a loss (the waiters are served by their polls afterwards).
-if quiet(KEYS[3], ttl) then return served end
-local free = limit - redis.call('ZCARD', KEYS[1])
-if free <= 0 then return served end
-local flat = redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')
-local line = {}
-for i = 1, #flat, 2 do line[#line + 1] = {flat[i], tonumber(flat[i + 1])} end
--- Oldest ticket first (fixed-width hex orders: byte order in any locale).
-table.sort(line, function(a, b) return a[1] < b[1] end)
-for _, entry in ipairs(line) do
-  if free <= 0 then break end
-  local ticket = entry[1]
-  local holder = string.sub(ticket, (string.find(ticket, '/', 1, true) or 0) + 1)
-  -- The slot lives as long as the ticket would have, not a fresh TTL: the ticket's last renewal is the last sign
-  -- of life of its waiter, which may have died since. A dead waiter's slot then comes back when the waiter's
-  -- own leases do (one TTL after its death), not one TTL after the hand-over.
-  local expiry = math.min(now + ttl, entry[2])
-  local score = redis.call('ZSCORE', KEYS[1], holder)
-  if not score then
-    redis.call('ZADD', KEYS[1], expiry, holder)
-    free = free - 1
-  elseif tonumber(score) < expiry then
-    -- A holder granted twice (never expected) takes one slot only, and its lease is never shortened.
-    redis.call('ZADD', KEYS[1], expiry, holder)
-  end
-  redis.call('ZREM', KEYS[2], ticket)
-  served[#served + 1] = ticket
-end
-if #served > 0 then
-  keep_key(KEYS[1], ttl, keep)
-  if ARGV[5] ~= '' then redis.call('PUBLISH', ARGV[5], table.concat(served, ',')) end
-end
-return served
+if quiet(KEYS[3], ttl) then return {} end
+return serve(KEYS[1], KEYS[2], limit - redis.call('ZCARD', KEYS[1]), ttl, keep, ARGV[5])
 """
 )
 """Release a slot and hand every free slot to the oldest tickets of the line, in one atomic step."""

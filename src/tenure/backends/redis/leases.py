@@ -22,6 +22,7 @@ from tenure.backends._rules import check_lease_args
 from tenure.backends.redis import _scripts
 from tenure.backends.redis._client import client_identity
 from tenure.contracts.errors import LeasesUnavailable
+from tenure.contracts.leases import InLine
 from tenure.contracts.store import LeaseRef, Leases, line_key
 
 _T = TypeVar("_T")
@@ -37,6 +38,10 @@ def _discard(call: Awaitable[object]) -> None:
 def _ms(seconds: float) -> int:
     """A duration in whole milliseconds, rounded up so a tiny positive TTL never becomes zero."""
     return max(1, math.ceil(seconds * 1000))
+
+
+def _text(member: bytes | str) -> str:
+    return member.decode() if isinstance(member, bytes) else str(member)
 
 
 class RedisLeases:
@@ -64,8 +69,8 @@ class RedisLeases:
     ) -> None:
         """Connect lazily to the Redis at `url` (`redis://host:port/db`).
 
-        With `announce_prefix`, `release_and_hand_over` also publishes the tickets it served (comma-separated)
-        on the pub/sub channel `<announce_prefix><key>`, inside the same script.
+        With `announce_prefix`, `release_and_hand_over` and `acquire_in_line` also publish the tickets they served
+        (comma-separated) on the pub/sub channel `<announce_prefix><key>`, inside the same script.
 
         `max_connections` bounds the pool: callers beyond it wait up to `timeout_s` for a connection rather
         than opening one socket each. `timeout_s` also bounds connecting and every reply, so a dead Redis
@@ -170,26 +175,29 @@ class RedisLeases:
         """The unexpired holders of `key`, soonest expiry first (expired ones are purged on the way)."""
         keys = [_scripts.lease_key(self._prefix, key)]
         members = await self._call(self._holders(keys=keys), "holders", key)
-        return [m.decode() if isinstance(m, bytes) else str(m) for m in members]
+        return [_text(m) for m in members]
 
-    async def acquire_in_line(self, key: str, ticket: str, limit: int, ttl_s: float) -> bool:
-        """Take a slot for the ticket's holder in FIFO order, or queue the ticket in `key`'s line (see `Leases`)."""
-        check_lease_args(limit, ttl_s)
-        ttl_ms = _ms(ttl_s)
-        keys = [_scripts.lease_key(self._prefix, key), _scripts.lease_key(self._prefix, line_key(key)), self._generation]
-        args: list[str | int] = [ticket, limit, ttl_ms, ttl_ms * _scripts.KEY_TTL_FACTOR]
-        answer = await self._call(self._acquire_in_line(keys=keys, args=args), "acquire", key)
-        return self._granted(int(answer), key, ttl_s)
+    async def acquire_in_line(self, key: str, ticket: str, limit: int, ttl_s: float) -> InLine:
+        """Take a slot for the ticket's holder in FIFO order, or queue the ticket in `key`'s line, serving older
+        tickets the free slots it may not take (see `Leases`)."""
+        keys, args = self._line_call(key, ticket, limit, ttl_s)
+        code, *served = await self._call(self._acquire_in_line(keys=keys, args=args), "acquire", key)
+        return InLine(self._granted(int(code), key, ttl_s), tuple(_text(t) for t in served))
 
     async def release_and_hand_over(self, key: str, holder: str, limit: int, ttl_s: float) -> list[str]:
         """Release `holder`'s slot and hand the free slots to the oldest tickets of the line (see `Leases`)."""
+        keys, args = self._line_call(key, holder, limit, ttl_s)
+        served = await self._call(self._release_and_hand_over(keys=keys, args=args), "release", key)
+        return [_text(t) for t in served]
+
+    def _line_call(self, key: str, who: str, limit: int, ttl_s: float) -> tuple[list[str], list[str | int]]:
+        """KEYS and ARGV of the two scripts of a waiting line: (slots, line, generation), (ticket or holder, limit,
+        ttl, keep, the channel that hears of hand-overs or '')."""
         check_lease_args(limit, ttl_s)
         ttl_ms = _ms(ttl_s)
         keys = [_scripts.lease_key(self._prefix, key), _scripts.lease_key(self._prefix, line_key(key)), self._generation]
         announce = "" if self._announce_prefix is None else self._announce_prefix + key
-        args: list[str | int] = [holder, limit, ttl_ms, ttl_ms * _scripts.KEY_TTL_FACTOR, announce]
-        served = await self._call(self._release_and_hand_over(keys=keys, args=args), "release", key)
-        return [t.decode() if isinstance(t, bytes) else str(t) for t in served]
+        return keys, [who, limit, ttl_ms, ttl_ms * _scripts.KEY_TTL_FACTOR, announce]
 
     def _granted(self, answer: int, key: str, ttl_s: float) -> bool:
         """Turn a script's answer into the protocol's bool, saying once per TTL why slots are being refused after

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, TypeVar
 from tenure.backends._rules import check_lease_args
 from tenure.backends.sqlite._connection import Q, SqliteConnection
 from tenure.contracts.errors import LeasesUnavailable, StoreUnavailable
+from tenure.contracts.leases import InLine
 from tenure.contracts.store import LeaseRef, Leases, line_key, ticket_holder
 
 T = TypeVar("T")
@@ -74,40 +75,32 @@ class SqliteLeases:
             lambda: self._conn.tx(lambda db: db.execute(Q["lease_release"], (key, holder))), "lease release"
         )
 
-    async def acquire_in_line(self, key: str, ticket: str, limit: int, ttl_s: float) -> bool:
+    async def acquire_in_line(self, key: str, ticket: str, limit: int, ttl_s: float) -> InLine:
         check_lease_args(limit, ttl_s)
         line, holder = line_key(key), ticket_holder(ticket)
 
-        def fn(db: sqlite3.Connection) -> bool:
+        def fn(db: sqlite3.Connection) -> InLine:
             db.execute(Q["lease_purge"], (key,))
             if db.execute(Q["lease_refresh"], (key, holder, ttl_s)).rowcount != 1:
                 free = limit - db.execute(Q["lease_count"], (key,)).fetchone()["n"]
                 if free <= 0 or db.execute(Q["lease_line_ahead"], (line, ticket)).fetchone()["n"] >= free:
+                    # The free slots belong to older tickets (all of the oldest `free` are older): serve them now.
+                    served = _serve_line(db, key, free, ttl_s)
                     db.execute(Q["lease_upsert"], (line, ticket, ttl_s))
-                    return False
+                    return InLine(False, served)
                 db.execute(Q["lease_insert"], (key, holder, ttl_s))
             db.execute(Q["lease_release"], (line, ticket))
-            return True
+            return InLine(True)
 
         return await self._lease_run(lambda: self._conn.tx(fn), "lease acquire")
 
     async def release_and_hand_over(self, key: str, holder: str, limit: int, ttl_s: float) -> list[str]:
         check_lease_args(limit, ttl_s)
-        line = line_key(key)
 
         def fn(db: sqlite3.Connection) -> list[str]:
             db.execute(Q["lease_release"], (key, holder))
             db.execute(Q["lease_purge"], (key,))
-            free = limit - db.execute(Q["lease_count"], (key,)).fetchone()["n"]
-            if free <= 0:
-                return []
-            served = db.execute(Q["lease_line_oldest"], (line, free)).fetchall()
-            for r in served:
-                # Until the ticket's own expiry, not a fresh TTL: the waiter may have died since its last renewal
-                # (see RELEASE_AND_HAND_OVER in backends/redis/_scripts.py).
-                db.execute(Q["lease_hand_over"], (key, ticket_holder(r["holder"]), ttl_s, r["expires_at"]))
-                db.execute(Q["lease_release"], (line, r["holder"]))
-            return [r["holder"] for r in served]
+            return list(_serve_line(db, key, limit - db.execute(Q["lease_count"], (key,)).fetchone()["n"], ttl_s))
 
         return await self._lease_run(lambda: self._conn.tx(fn), "lease release")
 
@@ -120,3 +113,17 @@ class SqliteLeases:
 
 if TYPE_CHECKING:
     _PROTOCOL_CHECK: type[Leases] = SqliteLeases
+
+
+def _serve_line(db: sqlite3.Connection, key: str, free: int, ttl_s: float) -> tuple[str, ...]:
+    """Hand `free` slots of `key` (purged) to the oldest tickets of its line; the tickets served, oldest first."""
+    if free <= 0:
+        return ()
+    line = line_key(key)
+    served = db.execute(Q["lease_line_oldest"], (line, free)).fetchall()
+    for r in served:
+        # Until the ticket's own expiry, not a fresh TTL: the waiter may have died since its last renewal
+        # (see RELEASE_AND_HAND_OVER in backends/redis/_scripts.py).
+        db.execute(Q["lease_hand_over"], (key, ticket_holder(r["holder"]), ttl_s, r["expires_at"]))
+        db.execute(Q["lease_release"], (line, r["holder"]))
+    return tuple(r["holder"] for r in served)
