@@ -1,10 +1,11 @@
 -- A poll of the waiting line serves the line. A slot that comes free by expiry (a dead holder's) has no release to
 -- hand it over: until now it waited for one of the oldest waiters to poll, and a younger waiter's poll that found
 -- it free only queued again behind them — up to one poll interval of every oldest waiter, longer when their
--- processes were starved (a CI run saw three free slots idle 2.5 s with seven live tickets in line). Now any poll
--- that finds free slots it may not take hands them to the oldest tickets in the same step, the way a release does
--- (one function, tenure_lease_serve_line, for both), and answers the tickets it served, so that its process tells
--- their waiters (tests/contract/test_leases.py, tests/integration/test_quota_recovery.py).
+-- processes were starved (a loaded CI run saw three slots stay free 2.5 s after a dead worker's leases were gone;
+-- quiet runs, 0.5-0.9 s with seven live tickets in line). Now any poll that finds free slots it may not take hands
+-- them to the oldest tickets in the same step, the way a release does (one function, tenure_lease_serve_line, for
+-- both), and answers the tickets it served, so that its process tells their waiters (tests/contract/test_leases.py,
+-- tests/integration/test_quota_recovery.py).
 CREATE FUNCTION tenure_lease_serve_line(p_key text, p_free integer, p_ttl double precision)
 RETURNS SETOF text LANGUAGE plpgsql AS $$
 DECLARE
