@@ -124,6 +124,16 @@ def test_the_checker_counts_each_kind_of_violation_it_claims_to_catch() -> None:
     executions += [("z1", "two", 1, "lost"), ("z9", "two", 1, "succeeded")]
     history("two", 1, "z1", "execution.started", "job.lost")
     events.append(("two", 1, 3, "z9", "progress", '{"i": 0}'))
+    # Clean: a retry scheduled past the job's queue deadline expires, closed by the store in the retried epoch.
+    job("exp", "chat", "expired", 1, None, 1, {"n": 6}, None)  # a retry leaves no execution on the job
+    executions.append(("e1", "exp", 1, "error"))
+    history("exp", 1, "e1", "execution.started", "execution.retrying")
+    events.append(("exp", 1, 3, None, "job.expired", "{}"))
+    # Stale: a second end of the job after that one.
+    job("end2", "chat", "expired", 1, None, 1, {"n": 7}, None)
+    executions.append(("g1", "end2", 1, "error"))
+    history("end2", 1, "g1", "execution.started", "execution.retrying")
+    events += [("end2", 1, 3, None, "job.expired", "{}"), ("end2", 1, 4, None, "job.cancelled", "{}")]
     # Double effect; and a job left running.
     job("fx", "effect", "lost", 1, "f1", 1, {"n": 4}, None)
     executions.append(("f1", "fx", 1, "lost"))
@@ -135,9 +145,10 @@ def test_the_checker_counts_each_kind_of_violation_it_claims_to_catch() -> None:
     verdict, checks, evidence = chaos.Verdict(jobs=len(jobs), faults=0), chaos.Checks(), []
     truth = chaos.check_store(jobs, executions, events, effects, verdict, checks, evidence)
     assert (verdict.nonterminal, verdict.double_effects, checks.zombie_effects) == (1, 1, 1), evidence
-    # late: one event after the close; two: one foreign event, one extra execution, a succeeded one not its last.
-    assert verdict.stale_writes == 4, evidence
-    assert not any("job ok" in line for line in evidence), evidence
+    # late: one event after the close; two: one foreign event, one extra execution, a succeeded one not its last;
+    # end2: a second end.
+    assert verdict.stale_writes == 5, evidence
+    assert not any("job ok" in line or "job exp" in line for line in evidence), evidence
 
     seen = [
         {"epoch": e, "seq": s, "type": t, "payload": p} for e, s, t, p in truth["ok"] if (e, s) != (1, 2)
