@@ -36,7 +36,7 @@ import logging
 import random
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 from tenure.contracts.channel import Channel
 from tenure.contracts.errors import (
@@ -263,8 +263,8 @@ class QuotaManager:
             fut.set_result(None)
         return True
 
-    def _served(self, key: str, tickets: list[str]) -> None:
-        """A release handed slots of `key` to `tickets`: wake ours now, announce the others'."""
+    def _served(self, key: str, tickets: Sequence[str]) -> None:
+        """A release (or a poll of the line) handed slots of `key` to `tickets`: wake ours now, announce the others'."""
         others = [t for t in tickets if not self._granted(t)]
         if others and self._handing_over and not self.leases_announce:
             self._to_announce.append((key, others))
@@ -384,7 +384,7 @@ class QuotaManager:
         """Whether a poll of the line took a slot; the older waiters it served (slots that came free by expiry,
         which no release hands over) are told like those of a release."""
         if answer.served:
-            self._served(spec.key, list(answer.served))
+            self._served(spec.key, answer.served)
         return answer.held
 
     async def _leave_line(self, spec: QuotaSpec, ticket: LeaseRef) -> None:

@@ -100,7 +100,8 @@ class PoolLeases:
         return await holders(self._pool, key)
 
     async def acquire_in_line(self, key: str, ticket: str, limit: int, ttl_s: float) -> InLine:
-        """Take a slot for the ticket's holder in FIFO order, or queue the ticket in `key`'s line."""
+        """Take a slot for the ticket's holder in FIFO order, or queue the ticket in `key`'s line (serving older
+        tickets any free slot)."""
         return await acquire_in_line(self._pool, key, ticket, limit, ttl_s)
 
     async def release_and_hand_over(self, key: str, holder: str, limit: int, ttl_s: float) -> list[str]:

@@ -58,8 +58,10 @@ BEGIN
         -- FIFO: a slot is free for this ticket only if fewer older tickets wait than there are free slots.
         SELECT count(*) INTO v_ahead FROM leases AS l WHERE l.key = v_line AND l.holder COLLATE "C" < p_ticket COLLATE "C";
         IF v_free <= 0 OR v_ahead >= v_free THEN
-            -- The free slots belong to older tickets: hand them over now (all of the oldest v_free are older).
-            served := ARRAY(SELECT tenure_lease_serve_line(p_key, v_free, p_ttl));
+            IF v_free > 0 THEN
+                -- The free slots belong to older tickets: hand them over now (all of the oldest v_free are older).
+                served := ARRAY(SELECT tenure_lease_serve_line(p_key, v_free, p_ttl));
+            END IF;
             INSERT INTO leases (key, holder, expires_at) VALUES (v_line, p_ticket, now() + make_interval(secs => p_ttl))
                 ON CONFLICT (key, holder) DO UPDATE SET expires_at = EXCLUDED.expires_at;
             held := false;
