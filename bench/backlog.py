@@ -149,15 +149,24 @@ def candidates_sql() -> str:
     return cte_body(load_queries("tenure.backends.postgres")["claim_jobs"], "candidates")
 
 
+def function_settings() -> list[str]:
+    """The planner settings pg_temp.tenure_claim_start runs its statements under (its `SET` clauses)."""
+    fn = load_queries("tenure.backends.postgres")["claim_start_function"]
+    header = fn[fn.index("LANGUAGE plpgsql") : fn.index("AS $fn$")]
+    return re.findall(r"SET (\w+ = \w+)", header)
+
+
 async def explain(url: str) -> None:
-    """Print EXPLAIN (ANALYZE, BUFFERS) of the claim's candidate read as its plan (the plpgsql function caches a
-    generic plan after five calls) and as a custom plan for these values, in a transaction rolled back."""
+    """Print EXPLAIN (ANALYZE, BUFFERS) of the claim's candidate read as the claim function plans it (a generic
+    plan under its settings) and as a custom plan for these values, in a transaction rolled back."""
     conn = await asyncpg.connect(url.split("?")[0], server_settings={"search_path": url.split("search_path=")[1]})
     try:
-        for mode in ("force_custom_plan", "force_generic_plan"):
+        modes = {"function": function_settings(), "custom": ["plan_cache_mode = force_custom_plan"]}
+        for mode, settings in modes.items():
             with contextlib.suppress(_Rollback):
                 async with conn.transaction():
-                    await conn.execute(f"SET LOCAL plan_cache_mode = {mode}")
+                    for setting in settings:
+                        await conn.execute(f"SET LOCAL {setting}")
                     await conn.execute(f"PREPARE candidates(text, text[], text[], int4) AS {candidates_sql()}")
                     rows = await conn.fetch("EXPLAIN (ANALYZE, BUFFERS) EXECUTE candidates('w', '{b}', '{}', 4)")
                     await conn.execute("DEALLOCATE candidates")

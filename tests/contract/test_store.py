@@ -76,10 +76,10 @@ async def test_migrate_is_idempotent_and_reports_the_version(store: Store) -> No
     # 0004_lease_lines and 0005_hand_over_expiry, whose functions SQLite runs as Python in one transaction).
     # audit 0004 / 0007, broker 0005 / 0008, scheduling 0006 / 0009, state index 0007 / 0010,
     # tenant retention 0008 / 0011, coordinators 0009 / 0012, state pages 0010 (SQLite only), routing 0011 / 0013,
-    # ready per agent 0012 (SQLite only), the enqueue planned once per session 0014, the gate's bounded counts
+    # ready per agent 0012 / 0018, the enqueue planned once per session 0014, the gate's bounded counts
     # 0015, the gate's read that never scans the table 0016 and the poll that serves the line 0017 (PostgreSQL
     # only: SQLite's statements live in queries.sql and leases.py)
-    latest = {"sqlite": 12, "postgres": 17}[store.dialect]
+    latest = {"sqlite": 12, "postgres": 18}[store.dialect]
     assert await store.schema_version() == latest
     assert await store.migrate() == latest
     assert await store.schema_version() == latest

@@ -69,7 +69,9 @@ def _where_lines(sql: str, marker: str) -> list[str]:
 def _set_items(sql: str, marker: str) -> set[str]:
     """The assignments of the UPDATE that follows `marker`, whitespace-normalised."""
     body = sql[sql.index(marker) :]
-    sets = body[body.index(" SET ") + 5 : body.index(" FROM ")]
+    end = re.search(r"\s(FROM|WHERE)\s", body[body.index(" SET ") + 5 :])
+    assert end is not None
+    sets = body[body.index(" SET ") + 5 :][: end.start()]
     return {" ".join(item.split()) for item in re.split(r",\s*(?![^()]*\))", sets)}
 
 
@@ -78,18 +80,22 @@ def test_claim_start_function_keeps_every_condition_of_the_claim_and_the_start()
     fn = q["claim_start_function"].replace("p_worker", "$1").replace("p_token", "$6").replace("p_ttl", "$5")
     claim = _where_lines(q["claim_jobs"], "UPDATE jobs AS j")
     assert len(claim) == 3
-    # One UPDATE: the claim's conditions; the start's (owner, epoch, token of an unstarted claim) hold by
-    # construction for a row the same statement claims.
+    # One UPDATE: the claim's conditions (the candidates by tuple id and id, from the arrays the function read
+    # them into); the start's (owner, epoch, token of an unstarted claim) hold by construction for a row the same
+    # statement claims.
+    arrays = {"ARRAY(SELECT ctid FROM candidates)": "v_ctids", "ARRAY(SELECT id FROM candidates)": "v_ids"}
+    for k, v in arrays.items():
+        claim = [line.replace(k, v) for line in claim]
     assert _where_lines(fn, "UPDATE jobs AS j") == claim
     assert fn.count("UPDATE jobs") == 1
     # Its SET is the claim's and the start's, the execution id taken from the array instead of $5.
     claim_set = _set_items(q["claim_jobs"], "UPDATE jobs AS j")
     start_set = _set_items(q["start_executions"], "UPDATE jobs AS j")
-    start_set = {x.replace("x.execution_id", "p_executions[c.n]") for x in start_set}
+    start_set = {x.replace("x.execution_id", "p_executions[array_position(v_ids, j.id)]") for x in start_set}
     assert _set_items(fn, "UPDATE jobs AS j") == claim_set | start_set
     claim_sql = q["claim_jobs"]
     candidates = claim_sql[claim_sql.index("WITH candidates") : claim_sql.index("UPDATE jobs AS j")].rstrip()
-    fn_candidates = fn[fn.index("WITH candidates") : fn.index("), numbered AS")] + ")"
+    fn_candidates = fn[fn.index("WITH candidates") : fn.index("SELECT array_agg")].rstrip()
     normal = {"$2::text[]": "p_agents", "$3::text[]": "p_caps", "$4": "p_limit"}
     for k, v in normal.items():
         candidates = candidates.replace(k, v)

@@ -95,29 +95,33 @@ SELECT id::text, tenant, agent, input::text, priority, requires, state, owner, e
 
 -- name: claim_jobs --
 -- The claim CAS, batched: lock up to $4 claimable jobs (SKIP LOCKED) and take them with epoch + 1 and a token.
--- The UPDATE finds each locked candidate by its tuple id (a Tid Scan, whatever the statistics say) and checks
--- the id as well. Joined by id alone, the planner trusts jobs_ready's estimate, which is ~1 row whenever the
--- statistics predate the backlog (a fresh table, or a burst after ANALYZE ran on an empty queue), and picked
--- a scan of the whole ready index per claim: O(backlog) per batch, 12 ms per claim at 10,000 queued. If a
--- candidate was updated by another transaction after this statement's snapshot, its locked version is not
--- visible here, so it is simply not claimed this time (the claim returns fewer rows; nothing else changes).
+-- The candidates are the heads of jobs_ready_agent, one LATERAL probe per agent of the worker ($2), merged in
+-- claim order, so a backlog of an agent the worker does not serve is never read (bench/backlog.py). A worker of
+-- several agents locks up to $4 heads of each for the statement and claims the best $4 of them. The UPDATE finds
+-- each locked candidate by its tuple id (`ctid = ANY(...)`: a Tid Scan, whatever the statistics or the plan cache
+-- say; joined to the candidates, a generic plan hashed them against the whole table, 11.8 ms per job behind
+-- 100,000). A locked row cannot move, so its tuple id still names it; the id is checked as well. This is the
+-- statement of a claim connection that may not create the claim function (no TEMP privilege, below): its plan is
+-- the planner's own, not pinned like the function's.
 WITH candidates AS (
-    SELECT id, ctid FROM jobs
-     WHERE state = 'queued' AND owner IS NULL AND NOT key_wait
-       AND agent = ANY($2::text[]) AND (requires <@ $3::text[] OR NOT EXISTS (
+    SELECT h.id, h.ctid FROM unnest($2::text[]) AS a(agent) CROSS JOIN LATERAL (
+        SELECT id, ctid, priority, fair_at FROM jobs
+         WHERE state = 'queued' AND owner IS NULL AND NOT key_wait
+           AND agent = a.agent AND (requires <@ $3::text[] OR NOT EXISTS (
                  SELECT 1 FROM unnest(requires) AS r
                   WHERE r <> ALL($3::text[]) AND (strpos(r, '/') = 0 OR split_part(r, '/', 1) || '/*' <> ALL($3::text[]))))
-       AND (deadline IS NULL OR deadline > now())
-       AND (preferred_worker IS NULL OR preferred_worker = $1 OR preferred_until <= now())
-     ORDER BY priority DESC, fair_at, id
+           AND (deadline IS NULL OR deadline > now())
+           AND (preferred_worker IS NULL OR preferred_worker = $1 OR preferred_until <= now())
+         ORDER BY priority DESC, fair_at, id
+         LIMIT $4
+           FOR UPDATE SKIP LOCKED) AS h
+     ORDER BY h.priority DESC, h.fair_at, h.id
      LIMIT $4
-       FOR UPDATE SKIP LOCKED
 )
 UPDATE jobs AS j
    SET owner = $1, claimed_at = now(), claim_expires_at = now() + make_interval(secs => $5),
        epoch = j.epoch + 1, token = $6, updated_at = now()
-  FROM candidates AS c
- WHERE j.ctid = c.ctid AND j.id = c.id
+ WHERE j.ctid = ANY(ARRAY(SELECT ctid FROM candidates)) AND j.id = ANY(ARRAY(SELECT id FROM candidates))
    AND j.state = 'queued' AND j.owner IS NULL AND NOT j.key_wait AND j.claimed_at IS NULL
    AND j.execution_id IS NULL AND j.execution_started_at IS NULL
 RETURNING j.id::text AS id, j.epoch, j.agent, j.input::text AS input, j.attempts, j.max_attempts, j.timeout_s,
@@ -151,45 +155,63 @@ SELECT id::text, attempts, extract(epoch FROM execution_started_at)::float8 AS s
 
 -- name: claim_start_function --
 -- Created once on each claim connection: `pg_temp.tenure_claim_start`, the claim CAS and the start CAS as one
--- UPDATE. A session-local function (pg_temp) needs no migration and goes away with its connection. Its WHERE is
--- claim_jobs' (up to p_limit unowned, unstarted queued jobs, locked SKIP LOCKED); its SET is claim_jobs' (owner,
--- epoch + 1, the token, the claim's expiry) and start_executions' (running, the execution, attempts + 1). The
--- start's own conditions (owner, epoch and token of an unstarted claim) hold by construction for a row this
--- same statement claims, so one row version is written per job instead of two, and no second statement has to
--- find the claimed rows again (a planner without statistics found them through a bitmap of every queued job).
--- It sets synchronous_commit on for its transaction: the claim commits with the start, durably. Keep the
--- conditions in step with claim_jobs and the SET with both (tests/unit/test_misc.py compares them).
+-- UPDATE. A session-local function (pg_temp) needs no migration and goes away with its connection. Its candidates
+-- are claim_jobs' (up to p_limit unowned, unstarted queued jobs, the heads of jobs_ready_agent, locked SKIP
+-- LOCKED), read into arrays; its SET is claim_jobs' (owner, epoch + 1, the token, the claim's expiry) and
+-- start_executions' (running, the execution, attempts + 1). The start's own conditions (owner, epoch and token of
+-- an unstarted claim) hold by construction for a row this same statement claims, so one row version is written
+-- per job instead of two, and no second statement has to find the claimed rows again. Keep the conditions in step
+-- with claim_jobs and the SET with both (tests/unit/test_misc.py compares them).
+-- Its plans are made once per connection and kept (plan_cache_mode): planning the LATERAL read cost 0.95 ms per
+-- call (auto_explain, session 12), more than running it. A generic plan does not know p_limit (the planner then
+-- expects to read a tenth of the agent's queued jobs), so its cost grows with the queue: behind 1,000,000 queued
+-- it passed jit_above_cost and every call compiled it (350 ms per claim); JIT is off here. With sorts, bitmap and
+-- sequential scans, hash and merge joins off for this function, the only plan left for the read is each head in
+-- index order, stopped after p_limit rows, whatever the statistics say (the outer merge of the heads still sorts,
+-- at most p_limit rows per agent); the UPDATE is a Tid Scan of the arrays (bench/backlog.py,
+-- tests/integration/test_claim_plan.py). It sets synchronous_commit on for its transaction: the claim commits with
+-- the start, durably.
 CREATE OR REPLACE FUNCTION pg_temp.tenure_claim_start(
     p_worker text, p_agents text[], p_caps text[], p_limit int4, p_ttl float8, p_token int8, p_executions uuid[]
 ) RETURNS TABLE (o_id uuid, o_epoch int4, o_execution_id uuid, o_attempts int4, o_started_at timestamptz,
                  o_agent text, o_input text, o_max_attempts int4, o_timeout_s float8, o_retry_safe bool,
                  o_tenant text, o_created_at float8, o_claimed_at float8, o_mode text)
-LANGUAGE plpgsql AS $fn$
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan SET enable_sort = off SET enable_bitmapscan = off
+SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off SET jit = off
+AS $fn$
+DECLARE
+    v_ctids tid[];
+    v_ids uuid[];
 BEGIN
     PERFORM set_config('synchronous_commit', 'on', true);
-    RETURN QUERY
     WITH candidates AS (
-        SELECT id, ctid FROM jobs
-         WHERE state = 'queued' AND owner IS NULL AND NOT key_wait
-           AND agent = ANY(p_agents) AND (requires <@ p_caps OR NOT EXISTS (
+        SELECT h.id, h.ctid FROM unnest(p_agents) AS a(agent) CROSS JOIN LATERAL (
+            SELECT id, ctid, priority, fair_at FROM jobs
+             WHERE state = 'queued' AND owner IS NULL AND NOT key_wait
+               AND agent = a.agent AND (requires <@ p_caps OR NOT EXISTS (
                  SELECT 1 FROM unnest(requires) AS r
                   WHERE r <> ALL(p_caps) AND (strpos(r, '/') = 0 OR split_part(r, '/', 1) || '/*' <> ALL(p_caps))))
-           AND (deadline IS NULL OR deadline > now())
-           AND (preferred_worker IS NULL OR preferred_worker = p_worker OR preferred_until <= now())
-         ORDER BY priority DESC, fair_at, id
+               AND (deadline IS NULL OR deadline > now())
+               AND (preferred_worker IS NULL OR preferred_worker = p_worker OR preferred_until <= now())
+             ORDER BY priority DESC, fair_at, id
+             LIMIT p_limit
+               FOR UPDATE SKIP LOCKED) AS h
+         ORDER BY h.priority DESC, h.fair_at, h.id
          LIMIT p_limit
-           FOR UPDATE SKIP LOCKED
-    ), numbered AS (
-        -- One execution id each, in job id order (a window may not sit under FOR UPDATE, so numbered apart).
-        SELECT c.id, c.ctid, row_number() OVER (ORDER BY c.id) AS n FROM candidates AS c
     )
+    SELECT array_agg(c.ctid), array_agg(c.id) INTO v_ctids, v_ids FROM candidates AS c;
+    IF v_ids IS NULL THEN
+        RETURN;
+    END IF;
+    -- One execution id each, by the job's place in the candidates.
+    RETURN QUERY
     UPDATE jobs AS j
        SET owner = p_worker, claimed_at = now(), claim_expires_at = now() + make_interval(secs => p_ttl),
            epoch = j.epoch + 1, token = p_token,
-           state = 'running', execution_id = p_executions[c.n], execution_started_at = now(),
+           state = 'running', execution_id = p_executions[array_position(v_ids, j.id)], execution_started_at = now(),
            attempts = j.attempts + 1, updated_at = now()
-      FROM numbered AS c
-     WHERE j.ctid = c.ctid AND j.id = c.id
+     WHERE j.ctid = ANY(v_ctids) AND j.id = ANY(v_ids)
        AND j.state = 'queued' AND j.owner IS NULL AND NOT j.key_wait AND j.claimed_at IS NULL
        AND j.execution_id IS NULL AND j.execution_started_at IS NULL
     RETURNING j.id, j.epoch, j.execution_id, j.attempts, j.execution_started_at, j.agent, j.input::text,

@@ -53,6 +53,9 @@ CREATE UNIQUE INDEX jobs_idem ON jobs (tenant, idem_digest) WHERE idem_digest IS
 -- Claimable jobs, in claim order (a job waiting for its key's turn is not one). Also scanned by the sweeper for
 -- queue deadlines. Which index serves which filter of the claim: docs/durable-jobs.md.
 CREATE INDEX jobs_ready ON jobs (priority DESC, fair_at, id) WHERE state = 'queued' AND owner IS NULL AND NOT key_wait;
+-- The same, per agent: a worker of a few agents reads the head of this one for each of them (migration 0018).
+CREATE INDEX jobs_ready_agent ON jobs (agent, priority DESC, fair_at, id)
+    WHERE state = 'queued' AND owner IS NULL AND NOT key_wait;
 -- A tenant's last turn per priority: where its next job's turn starts (fair shares, docs/scheduling.md).
 CREATE INDEX jobs_tenant_turn ON jobs (tenant, priority, fair_at)
     WHERE state = 'queued' AND owner IS NULL AND NOT key_wait;
