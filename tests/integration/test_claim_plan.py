@@ -5,7 +5,9 @@ tenant of its own agent) claims through `pg_temp.tenure_claim_start` as the stor
 into the test's own session, logs the plan each call of the function ran for its candidate read, with buffers: the
 read must go through `jobs_ready_agent`, remove no row by filter, and touch a handful of pages, on the first calls
 (before the plan cache could keep anything) and after many (its kept plan). Walking `jobs_ready` with the agent as
-a filter read every job of `a` first ("Rows Removed by Filter: 20000"); sorting the agent's queue read all of it.
+a filter read every job of `a` first ("Rows Removed by Filter: 20000"); sorting the agent's queue read all of it. The
+UPDATE that takes the candidates must be a Tid Scan, with or without statistics (without, it walked jobs_ready_agent).
+
 """
 
 from __future__ import annotations
@@ -30,12 +32,13 @@ SELECT gen_random_uuid(), $2, $3, '{}', '\\x00', $4 + g, 1 FROM generate_series(
 """
 
 
-def _candidate_plans(messages: list[str]) -> list[str]:
-    return [m for m in messages if "SELECT array_agg" in m]
+def _plans(messages: list[str], text: str) -> list[str]:
+    return [m for m in messages if text in m]
 
 
+@pytest.mark.parametrize("stats", ["analyzed", "none"])
 @pytest.mark.parametrize("of", ["agent", "tenant"])
-async def test_a_claim_reads_the_head_of_its_own_agent_whatever_the_backlog(of: str) -> None:
+async def test_a_claim_reads_the_head_of_its_own_agent_whatever_the_backlog(of: str, stats: str) -> None:
     schema = await new_pg_schema()
     try:
         backends = await open_backends(Settings.of(database_url=pg_url(schema)))
@@ -48,7 +51,8 @@ async def test_a_claim_reads_the_head_of_its_own_agent_whatever_the_backlog(of: 
             else:
                 await conn.execute(_FILL, BACKLOG, "a", "b", 0.0)
             await conn.execute(_FILL, 50, "b", "b", float(BACKLOG if of == "agent" else 0) + 0.5)
-            await conn.execute("ANALYZE jobs")
+            if stats == "analyzed":
+                await conn.execute("ANALYZE jobs")
             await conn.execute(CLAIM_FUNCTION)
             await conn.execute("LOAD 'auto_explain'")
             for setting in ("log_min_duration = 0", "log_nested_statements = on", "log_analyze = on", "log_buffers = on"):
@@ -58,6 +62,7 @@ async def test_a_claim_reads_the_head_of_its_own_agent_whatever_the_backlog(of: 
             conn.add_log_listener(lambda _c, m: messages.append(m.message))
             claimed: list[str] = []
             plans: list[str] = []
+            updates: list[str] = []
             for _ in range(12):
                 messages.clear()
                 rows = await conn.fetch(
@@ -67,11 +72,12 @@ async def test_a_claim_reads_the_head_of_its_own_agent_whatever_the_backlog(of: 
                 )
                 assert len(rows) == 2 and {r["o_agent"] for r in rows} == {"b"}
                 claimed += [r["o_tenant"] for r in rows]
-                plans += _candidate_plans(messages)
+                plans += _plans(messages, "SELECT array_agg")
+                updates += _plans(messages, "Query Text: UPDATE jobs AS j")
             await conn.execute("SET client_min_messages = warning")
         finally:
             await conn.close()
-        assert len(plans) == 12, plans[:1]
+        assert len(plans) == 12 and len(updates) == 12, (plans[:1], updates[:1])
         if of == "tenant":
             # Fair shares: tenant b's jobs came first in turn, interleaved with tenant a's.
             assert claimed.count("b") >= 10, claimed
@@ -81,5 +87,8 @@ async def test_a_claim_reads_the_head_of_its_own_agent_whatever_the_backlog(of: 
             totals = re.search(r"Buffers: shared (.*)", plan)  # the first: the whole read's
             assert totals is not None, plan
             assert sum(int(n) for n in re.findall(r"(?:hit|read)=(\d+)", totals.group(1))) < 30, plan
+        for plan in updates:
+            # The claimed rows by their tuple ids, not a walk of a ready index (its predicate is implied).
+            assert "Tid Scan on jobs" in plan and "Index Scan" not in plan, plan
     finally:
         await drop_pg_schema(schema)
