@@ -100,9 +100,10 @@ SELECT id::text, tenant, agent, input::text, priority, requires, state, owner, e
 -- several agents locks up to $4 heads of each for the statement and claims the best $4 of them. The UPDATE finds
 -- each locked candidate by its tuple id (`ctid = ANY(...)`: a Tid Scan, whatever the statistics or the plan cache
 -- say; joined to the candidates, a generic plan hashed them against the whole table, 11.8 ms per job behind
--- 100,000). A locked row cannot move, so its tuple id still names it; the id is checked as well. This is the
--- statement of a claim connection that may not create the claim function (no TEMP privilege, below): its plan is
--- the planner's own, not pinned like the function's.
+-- 100,000). A locked row cannot move, so its tuple id still names it; the id is checked as well. This statement
+-- claims for the worker-quota path (claim, then start, a slot per claim) and for a claim connection that may not
+-- create the claim function (no TEMP privilege, below): its plan is the planner's own, not pinned like the
+-- function's.
 WITH candidates AS (
     SELECT h.id, h.ctid FROM unnest($2::text[]) AS a(agent) CROSS JOIN LATERAL (
         SELECT id, ctid, priority, fair_at FROM jobs
