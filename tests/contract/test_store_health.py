@@ -11,9 +11,10 @@ import asyncpg
 import pytest
 
 from tenure import doctor
+from tenure.contracts.ids import new_id
 from tenure.contracts.states import JobState
 from tenure.contracts.store import JobStore
-from tenure.contracts.types import Finish, NewJob, Start, new_id
+from tenure.contracts.types import Finish, NewJob, Start
 
 
 def _job() -> NewJob:
