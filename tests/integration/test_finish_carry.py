@@ -1,12 +1,12 @@
-"""A worker's finishes ride with its next claim (`finish_and_claim`: on SQLite one write transaction and one fsync
-instead of two, on PostgreSQL one statement, round trip and commit on the claim connection): the completer leaves
-pending finishes to a claim loop that is about to claim."""
+"""On SQLite a worker's finishes ride with its next claim (`finish_and_claim`: one write transaction and one
+fsync instead of two): the completer leaves pending finishes to a claim loop that is about to claim."""
 
 from __future__ import annotations
 
 import asyncio
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import tenure
@@ -33,8 +33,8 @@ def _counting(calls: Counter[str], name: str, fn: Callable[..., Any], jobs_arg: 
     return wrapper
 
 
-async def test_a_draining_worker_writes_its_finishes_with_its_next_claim(database_url: str) -> None:
-    url = database_url
+async def test_a_draining_worker_writes_its_finishes_with_its_next_claim(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/t.db"
     backends = await open_backends(Settings.of(database_url=url, max_queued=10_000))
     store = backends.jobs
     assert store.claim_carries_finishes
@@ -58,7 +58,6 @@ async def test_a_draining_worker_writes_its_finishes_with_its_next_claim(databas
         finally:
             stop.set()
             await asyncio.wait_for(run, 20)
-            await backends.close()
     # Most finishes shared their claim's commit (without the hand-over: none; the completer always won).
     assert finishes["carried"] + finishes["alone"] == n, finishes
     assert finishes["carried"] >= n * 0.6, finishes

@@ -143,8 +143,8 @@ async def test_the_writer_lingers_only_while_other_jobs_run(database_url: str) -
             beside = await client.wait((await client.submit("echo", {"alone": False})).job.id, timeout_s=30)
             assert beside.state is JobState.SUCCEEDED
             if store.claim_carries_finishes:
-                # The slot it freed wakes the claim loop, which takes the finish into its own transaction (SQLite)
-                # or statement (PostgreSQL) at once instead of leaving it to the lingering writer.
+                # SQLite: the slot it freed wakes the claim loop, which takes the finish into its own transaction
+                # at once instead of leaving it to the lingering writer.
                 assert time.monotonic() - began < linger, "the next claim carried the finish"
             else:
                 assert time.monotonic() - began >= linger, "a finish beside a running job lingers for company"

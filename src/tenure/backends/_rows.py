@@ -114,13 +114,6 @@ def started(r: Row, fence: Fence, execution_id: str) -> Started:
     return Started(fence, execution_id, r["started_at"], r["attempts"])
 
 
-def claim_started(r: Row, token: int) -> tuple[Claim, Started]:
-    """A row of a claim CAS and a start CAS made together (`claim_and_start`): the row counts the start in its
-    attempts, the claim does not."""
-    claim_ = claim(r, token, attempts=r["attempts"] - 1)
-    return claim_, started(r, claim_.fence, r["execution_id"])
-
-
 def event(r: Row, job_id: str | None = None) -> Event:
     """An `events` row (`job_id` given when the query does not select it)."""
     return Event(

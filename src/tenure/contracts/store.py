@@ -101,8 +101,9 @@ class JobStore(Protocol):
 
     @property
     def claim_carries_finishes(self) -> bool:
-        """True when `finish_and_claim` writes both in one commit (SQLite: one write transaction; PostgreSQL: one
-        statement on the claim connection); the worker then hands its pending finishes to its next claim."""
+        """True when `finish_and_claim` writes both in one commit (SQLite: one write transaction instead of two,
+        on a store whose cost is commits and writer turns); the worker then hands its pending finishes to its
+        next claim."""
         ...
 
     # -- lifecycle ---------------------------------------------------------------------------------------

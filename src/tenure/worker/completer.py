@@ -11,10 +11,9 @@ whatever events and finishes are pending when a round trip can start go together
 history is complete before its finish, then finishes. When nobody waits on a write, it lingers a few ms so
 that the finishes of jobs ending in the next moments share its commit.
 
-Where the store writes finishes and a claim in one commit (`claim_carries_finishes`: SQLite's write transaction,
-PostgreSQL's one statement on the claim connection), the next claim carries the pending finishes
-(`finish_and_claim`: the finish CAS, then the claim and start, one commit, one round trip). That hand-over lives
-here and nowhere else: the claim loop asks the completer to claim.
+On a store whose cost is commits and writer turns (SQLite: `claim_carries_finishes`), the next claim carries
+the pending finishes in its own transaction (`finish_and_claim`: the finish CAS, then the claim and start, one
+commit). That hand-over lives here and nowhere else: the claim loop asks the completer to claim.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ import asyncpg
 
 from tenure.backends import _rows, _rules
 from tenure.backends._queries import load_migrations, load_queries
-from tenure.backends.postgres import _batches, _carry, _registry, keys
+from tenure.backends.postgres import _batches, _registry, keys
 from tenure.backends.postgres._children import ChildReads
 from tenure.backends.postgres._connections import StoreConnections
 from tenure.backends.postgres._gate import enqueue_gated
@@ -53,9 +53,6 @@ from tenure.contracts.types import (
 )
 
 Q = load_queries("tenure.backends.postgres")
-# Each claim connection's session-local functions (the claim and start; the finish, for finish_and_claim).
-CLAIM_SETUP = Q["claim_start_function"] + ";\n" + _carry.finish_function(Q["finish_executions"])
-FINISH_AND_CLAIM = _carry.finish_and_claim_sql(Q["claim_and_start"])
 MIGRATION_TIMEOUT_S = 24 * 3600.0
 """A migration (an index built on a big table) or the wait for another process's may take long: not bounded by
 the store's command timeout."""
@@ -74,6 +71,7 @@ class PostgresStore(keys.SchedulingReads, AuditWrites, _registry.RegistryOps, Ch
     """The Tenure job store on PostgreSQL. Create with `await PostgresStore.connect(url)`."""
 
     dialect = "postgres"
+    claim_carries_finishes = False  # the finish runs on the pool and the claim on its own connection
     offload = None  # asyncpg never blocks the loop
 
     def __init__(self, conns: StoreConnections, notify: bool = True) -> None:
@@ -87,14 +85,10 @@ class PostgresStore(keys.SchedulingReads, AuditWrites, _registry.RegistryOps, Ch
         """Open the pool and the claim connection. Does not migrate (see `migrate`). With `notify=False` the
         store's transactions NOTIFY no events and no commands (their hints travel over a channel).
         `command_timeout_s` (`TENURE_PG_COMMAND_TIMEOUT_S`) bounds each statement; migrations are not bounded."""
-        conns = await StoreConnections.open(url, pool_size, _session_settings(notify), CLAIM_SETUP, command_timeout_s)
+        conns = await StoreConnections.open(
+            url, pool_size, _session_settings(notify), Q["claim_start_function"], command_timeout_s
+        )
         return cls(conns, notify)
-
-    @property
-    def claim_carries_finishes(self) -> bool:
-        """The claim connection holds `pg_temp.tenure_finish` (backends/postgres/_carry.py); without the TEMP
-        privilege the finish runs on the pool and the claim on its own connection."""
-        return self._db.claim_function
 
     @property
     def pool(self) -> asyncpg.Pool:
@@ -267,18 +261,24 @@ class PostgresStore(keys.SchedulingReads, AuditWrites, _registry.RegistryOps, Ch
             rows = await conn.fetch(
                 Q["claim_and_start"], worker_id, list(agents), list(capabilities), limit, ttl_s, token, executions
             )
-        return [_rows.claim_started(r, token) for r in rows]
+        out = []
+        for r in rows:
+            # The start added one attempt to the claim's count.
+            claim = _rows.claim(r, token, attempts=r["attempts"] - 1)
+            out.append((claim, _rows.started(r, claim.fence, r["execution_id"])))
+        return out
 
     async def finish_and_claim(
-        self, worker_id: str, finishes: Sequence[Finish], agents: Sequence[str], capabilities: Sequence[str],
-        limit: int, ttl_s: float,
-    ) -> tuple[list[str], list[tuple[Claim, Started]]]:  # fmt: skip
-        if not (finishes and self._db.claim_function):
-            done = await self.finish(worker_id, finishes)
-            return done, await self.claim_and_start(worker_id, agents, capabilities, limit, ttl_s)
-        async with self._db.claim("finish_and_claim") as conn:
-            return await _carry.finish_and_claim(conn, FINISH_AND_CLAIM, worker_id, finishes, agents, capabilities,
-                                                 limit, ttl_s)  # fmt: skip
+        self,
+        worker_id: str,
+        finishes: Sequence[Finish],
+        agents: Sequence[str],
+        capabilities: Sequence[str],
+        limit: int,
+        ttl_s: float,
+    ) -> tuple[list[str], list[tuple[Claim, Started]]]:
+        done = await self.finish(worker_id, finishes)
+        return done, await self.claim_and_start(worker_id, agents, capabilities, limit, ttl_s)
 
     async def start(self, worker_id: str, starts: Sequence[Start]) -> list[Started]:
         if not starts:

@@ -70,11 +70,11 @@ def claim_and_start_in(
     args = (worker_id, json.dumps(list(agents)), json.dumps(list(capabilities)), limit, ttl_s, token, executions)
     out = []
     for r in db.execute(claim_sql("claim_and_start", len(agents)), args).fetchall():
-        claim, started = _rows.claim_started(r, token)
+        claim = _rows.claim(r, token, attempts=r["attempts"] - 1)  # the start added one attempt to the claim's
         f = claim.fence
         payload = json.dumps({"worker_id": worker_id, "attempt": r["attempts"]})
         db.execute(Q["insert_event"], (f.job_id, f.epoch, 1, r["execution_id"], "execution.started", payload))
-        out.append((claim, started))
+        out.append((claim, _rows.started(r, f, r["execution_id"])))
     return out
 
 
