@@ -19,8 +19,8 @@ def new_id() -> str:
 
 def new_ids(n: int) -> list[str]:
     """`n` of `new_id`'s UUIDs, in increasing order, for one clock read, one lock and one read of the OS's
-    randomness (a claim of up to `n` jobs makes its execution ids before it knows how many it will get: ten ids
-    took 45-56 us as ten `new_id()` calls, 27-29 us in one batch)."""
+    randomness (a claim of up to `n` jobs makes its execution ids before it knows how many it will get: ten
+    `new_id()` calls cost five times as much)."""
     if n <= 0:
         return []
     rand = os.urandom(8 * n + 2)
