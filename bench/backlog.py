@@ -36,10 +36,9 @@ import asyncpg
 
 from tenure.app import open_backends
 from tenure.backends._queries import load_queries
-from tenure.contracts.ids import new_id
 from tenure.contracts.states import JobState
 from tenure.contracts.store import JobStore
-from tenure.contracts.types import AgentSpec, Finish, NewJob
+from tenure.contracts.types import AgentSpec, Finish, NewJob, new_id
 from tenure.control.admission import Admission, JobRequest
 from tenure.settings import Settings
 

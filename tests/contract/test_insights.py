@@ -9,11 +9,10 @@ import pytest
 
 from tenure.app import open_insights
 from tenure.backends._queries import load_queries
-from tenure.contracts.ids import new_id
 from tenure.contracts.insights import Insights, JobQuery, id_floor
 from tenure.contracts.states import JobState
 from tenure.contracts.store import Store
-from tenure.contracts.types import JobFilter, NewEvent
+from tenure.contracts.types import JobFilter, NewEvent, new_id
 from tenure.control.admission import idem_digest
 from tenure.settings import Settings
 from tests.contract.test_store import W1, claim_one, finish, start_one, submit

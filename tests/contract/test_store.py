@@ -11,10 +11,20 @@ import json
 import pytest
 
 from tenure.contracts.errors import IdempotencyConflict, IllegalTransition, NotFound
-from tenure.contracts.ids import new_id
 from tenure.contracts.states import JobState, WorkerState
 from tenure.contracts.store import Backends, LeaseRef, Store
-from tenure.contracts.types import AgentSpec, Claim, ControlOutcome, Fence, Finish, JobFilter, NewEvent, Start, WorkerInfo
+from tenure.contracts.types import (
+    AgentSpec,
+    Claim,
+    ControlOutcome,
+    Fence,
+    Finish,
+    JobFilter,
+    NewEvent,
+    Start,
+    WorkerInfo,
+    new_id,
+)
 from tenure.control.admission import Admission, JobRequest
 from tenure.control.gate import CircuitOpen, GateConfig, QueueFull
 

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from tenure.contracts.ids import new_id
 from tenure.contracts.states import JobState
 from tenure.contracts.store import Store
-from tenure.contracts.types import Finish, NewJob, Start
+from tenure.contracts.types import Finish, NewJob, Start, new_id
 
 
 def _job(tenant: str) -> NewJob:

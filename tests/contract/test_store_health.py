@@ -11,10 +11,9 @@ import asyncpg
 import pytest
 
 from tenure import doctor
-from tenure.contracts.ids import new_id
 from tenure.contracts.states import JobState
 from tenure.contracts.store import JobStore
-from tenure.contracts.types import Finish, NewJob, Start
+from tenure.contracts.types import Finish, NewJob, Start, new_id
 
 
 def _job() -> NewJob:

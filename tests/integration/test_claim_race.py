@@ -11,9 +11,8 @@ from collections import Counter, defaultdict
 from typing import Any
 
 from tenure.app import open_backends
-from tenure.contracts.ids import new_id
 from tenure.contracts.store import Store
-from tenure.contracts.types import AgentSpec, Fence, Start
+from tenure.contracts.types import AgentSpec, Fence, Start, new_id
 from tenure.control.admission import Admission, JobRequest
 from tenure.settings import Settings
 

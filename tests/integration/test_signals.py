@@ -18,10 +18,9 @@ import pytest
 from tenure.app import open_backends
 from tenure.backends.redis import RedisChannel
 from tenure.contracts.errors import LeasesUnavailable
-from tenure.contracts.ids import new_id
 from tenure.contracts.states import JobState
 from tenure.contracts.store import Backends, Signals, Store
-from tenure.contracts.types import ControlOutcome, EventNotice, Start
+from tenure.contracts.types import ControlOutcome, EventNotice, Start, new_id
 from tenure.local import connect
 from tenure.settings import Settings
 from tests.conftest import PG_BASE

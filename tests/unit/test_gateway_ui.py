@@ -9,10 +9,9 @@ import pytest
 from starlette.requests import Request
 
 from tenure.contracts.errors import ConfigError
-from tenure.contracts.ids import new_id
 from tenure.contracts.insights import FinishedBucket, id_floor
 from tenure.contracts.states import JobState
-from tenure.contracts.types import Event, Execution, Job
+from tenure.contracts.types import Event, Execution, Job, new_id
 from tenure.gateway.auth import Auth
 from tenure.gateway.cors import SCOPE_KEY, AccessToken, access_token, parse_origins
 from tenure.gateway.ui.labs import CATALOG

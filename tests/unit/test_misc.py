@@ -8,8 +8,7 @@ import pytest
 
 from tenure.backends._queries import load_queries
 from tenure.contracts.errors import ConfigError
-from tenure.contracts.ids import new_id, new_ids
-from tenure.contracts.types import parse_cursor
+from tenure.contracts.types import new_id, parse_cursor
 from tenure.control.retry import backoff_s
 from tenure.worker.faults import Faults
 
@@ -18,17 +17,6 @@ def test_ids_are_uuid7_and_strictly_increasing_within_a_process() -> None:
     ids = [new_id() for _ in range(10_000)]
     assert ids == sorted(ids) and len(set(ids)) == len(ids)
     assert uuid.UUID(ids[0]).version == 7
-
-
-def test_batches_of_ids_continue_the_same_sequence() -> None:
-    # Batches (a claim's execution ids) and single ids interleave in one increasing sequence, also across a
-    # millisecond's 4,096 counter values (12,000 ids in one batch borrow the next milliseconds).
-    ids = [*new_ids(3), new_id(), *new_ids(12_000), new_id(), *new_ids(1), *new_ids(0)]
-    assert len(ids) == 12_006
-    assert ids == sorted(ids) and len(set(ids)) == len(ids)
-    for i in ids[:3] + ids[-3:]:
-        u = uuid.UUID(i)
-        assert (u.version, u.variant, str(u)) == (7, uuid.RFC_4122, i)
 
 
 def test_cursors_parse_or_raise() -> None:

@@ -58,7 +58,7 @@ ALLOWED: dict[str, str] = {
     "tenure.backends.sqlite._connection.ConnectionThread._pending": ROW,
     "tenure.backends.sqlite.signals.SqliteSignals._bells": ROW,
     "tenure.backends.sqlite.signals.SqliteSignals._watched": ROW,
-    "tenure.contracts.ids._id_last": ROW,
+    "tenure.contracts.types._id_last": ROW,
     "tenure.control.admission.InFlight._pending": ROW,
     "tenure.control.directory.AgentDirectory._specs": ROW,
     "tenure.control.directory.AgentDirectory.routed": ROW,

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from tenure.contracts.ids import new_id
+from tenure.contracts.types import new_id
 
 
 @dataclass(frozen=True, slots=True)

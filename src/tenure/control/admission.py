@@ -32,11 +32,10 @@ from tenure.contracts.errors import (
     StoreUnavailable,
     UnknownAgent,
 )
-from tenure.contracts.ids import new_id
 from tenure.contracts.ready import ReadyHint, ReadyIndex
 from tenure.contracts.store import Store
 from tenure.contracts.text import holds_nul
-from tenure.contracts.types import DEFAULT_TENANT, AgentSpec, Enqueued, Fence, Job, NewJob, check_replay
+from tenure.contracts.types import DEFAULT_TENANT, AgentSpec, Enqueued, Fence, Job, NewJob, check_replay, new_id
 from tenure.control.directory import AgentDirectory
 from tenure.control.gate import CircuitOpen, Gate, GateConfig, GateObserver, QueueFull
 from tenure.control.json_input import MAX_JSON_DEPTH, InvalidJSON, lone_surrogate, may_nest_deeper, nesting_exceeds

@@ -17,12 +17,11 @@ from typing import Any, Protocol
 
 from tenure.contracts.children import ChildJob
 from tenure.contracts.errors import InvalidRequest, NotFound
-from tenure.contracts.ids import is_uuid
 from tenure.contracts.profile import claim_tags, offers
 from tenure.contracts.states import JobState, WorkerState
 from tenure.contracts.store import Store
 from tenure.contracts.text import dumps
-from tenure.contracts.types import ControlOutcome, Event, Job, JobFilter, WorkerInfo
+from tenure.contracts.types import ControlOutcome, Event, Job, JobFilter, WorkerInfo, is_uuid
 from tenure.control.admission import Admission, Admitted, JobRequest
 from tenure.control.coordinators import cancel_children
 from tenure.control.models import ApprovalBody, InputBody, RequeueBody, shown, validated

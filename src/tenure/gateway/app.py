@@ -33,12 +33,11 @@ from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
 from tenure.contracts.errors import ArtifactsUnavailable, TenureError
-from tenure.contracts.ids import is_uuid
 from tenure.contracts.ready import ReadyIndex
 from tenure.contracts.states import JobState
 from tenure.contracts.store import Backends
 from tenure.contracts.text import dumps
-from tenure.contracts.types import AgentSpec, ControlOutcome, Job, JobFilter
+from tenure.contracts.types import AgentSpec, ControlOutcome, Job, JobFilter, is_uuid
 from tenure.control.admission import Admission, AdmissionLimits
 from tenure.control.audit import AUDIT_CURSOR, DEFAULT_PAGE, MAX_PAGE, job_audit, usage_report
 from tenure.control.gate import GateConfig

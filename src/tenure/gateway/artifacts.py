@@ -17,10 +17,9 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from tenure.contracts.artifacts import ArtifactStore, Blob, parse_ref, stub_ref
-from tenure.contracts.ids import is_uuid
 from tenure.contracts.states import JobState
 from tenure.contracts.text import dumps
-from tenure.contracts.types import Job
+from tenure.contracts.types import Job, is_uuid
 from tenure.control.models import shown
 from tenure.gateway.problems import Problem
 

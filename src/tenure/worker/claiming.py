@@ -23,11 +23,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
 from tenure.contracts.errors import ConfigError, QuotaExhausted, QuotaUnavailable, StoreUnavailable
-from tenure.contracts.ids import new_ids
 from tenure.contracts.ready import Delivery, ReadyHint, ReadyIndex
 from tenure.contracts.states import JobState
 from tenure.contracts.store import LeaseRef, Signals, Store
-from tenure.contracts.types import Claim, JobFilter, Start, Started
+from tenure.contracts.types import Claim, JobFilter, Start, Started, new_id
 from tenure.control.quotas import QuotaManager
 from tenure.kernel.registry import Tenure
 from tenure.worker.completer import Completer
@@ -282,7 +281,7 @@ class TwoStepClaimer:
         await self._faults.hit("after_claim", {c.agent for c in claims}, self._stop)
         if self._stop.is_set():
             return []  # draining: these claims stay unstarted and the drain releases them
-        starts = [Start(c.fence, x) for c, x in zip(claims, new_ids(len(claims)), strict=True)]
+        starts = [Start(c.fence, new_id()) for c in claims]
         try:
             started = await self._store.start(self._worker_id, starts)
         except StoreUnavailable as exc:

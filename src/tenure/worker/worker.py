@@ -29,13 +29,12 @@ from collections.abc import Callable
 from typing import Any
 
 from tenure.contracts.errors import ConfigError, StoreUnavailable, TenureError
-from tenure.contracts.ids import new_id
 from tenure.contracts.profile import specs_json
 from tenure.contracts.ready import ReadyIndex
 from tenure.contracts.states import WorkerState
 from tenure.contracts.store import Backends, Leases
 from tenure.contracts.text import describe_error
-from tenure.contracts.types import Claim, Started, WorkerInfo
+from tenure.contracts.types import Claim, Started, WorkerInfo, new_id
 from tenure.control.admission import Admission
 from tenure.control.quotas import QuotaManager
 from tenure.kernel.blocking import BlockingAdapter, ProcessAdapter

@@ -6,8 +6,8 @@ from __future__ import annotations
 from tenure.backends._queries import load_queries
 from tenure.backends.postgres._connections import StoreConnections
 from tenure.contracts.children import ChildJob
-from tenure.contracts.ids import is_uuid
 from tenure.contracts.states import JobState
+from tenure.contracts.types import is_uuid
 
 Q = load_queries("tenure.backends.postgres")
 

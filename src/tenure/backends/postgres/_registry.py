@@ -10,10 +10,9 @@ import asyncpg
 from tenure.backends import _rows
 from tenure.backends._queries import load_queries
 from tenure.backends.postgres._connections import StoreConnections
-from tenure.contracts.ids import is_uuid
 from tenure.contracts.profile import JobRoute
 from tenure.contracts.states import WorkerState
-from tenure.contracts.types import HeartbeatReply, WorkerInfo
+from tenure.contracts.types import HeartbeatReply, WorkerInfo, is_uuid
 
 Q = load_queries("tenure.backends.postgres")
 

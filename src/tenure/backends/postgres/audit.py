@@ -23,9 +23,8 @@ from tenure.contracts.audit import (
     sum_usage,
     usage_row,
 )
-from tenure.contracts.ids import is_uuid
 from tenure.contracts.states import TERMINAL
-from tenure.contracts.types import Fence, NewEvent, NewJob
+from tenure.contracts.types import Fence, NewEvent, NewJob, is_uuid
 
 if TYPE_CHECKING:
     from tenure.backends.postgres._connections import StoreConnections

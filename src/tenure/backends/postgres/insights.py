@@ -16,7 +16,6 @@ import asyncpg
 from tenure.backends._queries import load_queries
 from tenure.backends.postgres._connections import CONNECT_TIMEOUT_S, DRIVER_ERRORS, translate
 from tenure.backends.postgres._connections import dsn as _dsn
-from tenure.contracts.ids import is_uuid
 from tenure.contracts.insights import (
     COUNT_CAP,
     CircuitFailures,
@@ -29,6 +28,7 @@ from tenure.contracts.insights import (
     id_floor,
 )
 from tenure.contracts.states import JobState
+from tenure.contracts.types import is_uuid
 
 Q = load_queries("tenure.backends.postgres", "insights.sql")
 MAX_ID = "ffffffff-ffff-ffff-ffff-ffffffffffff"  # the greatest uuid: "before" of the first page

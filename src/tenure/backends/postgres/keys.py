@@ -22,9 +22,8 @@ from tenure.backends.postgres._connections import StoreConnections
 from tenure.backends.postgres._gate import check_gate
 from tenure.backends.postgres.audit import insert_budgets
 from tenure.contracts.errors import KeyBusy
-from tenure.contracts.ids import is_uuid
 from tenure.contracts.reports import GateAsk, WaitingInfo
-from tenure.contracts.types import Enqueued, NewJob, check_replay
+from tenure.contracts.types import Enqueued, NewJob, check_replay, is_uuid
 
 Q = load_queries("tenure.backends.postgres")
 

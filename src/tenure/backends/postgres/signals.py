@@ -34,9 +34,8 @@ import asyncpg
 from tenure.backends._queries import load_queries
 from tenure.backends.postgres._connections import DRIVER_ERRORS, DedicatedConnection, dsn, translate
 from tenure.contracts.errors import StoreUnavailable
-from tenure.contracts.ids import new_id
 from tenure.contracts.store import Signals
-from tenure.contracts.types import Event, EventNotice
+from tenure.contracts.types import Event, EventNotice, new_id
 
 log = logging.getLogger("tenure.store.postgres")
 

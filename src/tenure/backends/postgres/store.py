@@ -26,7 +26,6 @@ from tenure.backends.postgres._connections import StoreConnections
 from tenure.backends.postgres._gate import enqueue_gated
 from tenure.backends.postgres.audit import AuditWrites, edit_input
 from tenure.contracts.errors import IllegalTransition, NotFound, StoreUnavailable
-from tenure.contracts.ids import is_uuid, new_ids, new_token
 from tenure.contracts.profile import WorkerRecord
 from tenure.contracts.reports import AdmissionState, CircuitState, GateAsk, StoreHealth
 from tenure.contracts.states import REQUEUEABLE, JobState, WorkerState
@@ -50,6 +49,9 @@ from tenure.contracts.types import (
     Started,
     SweepReport,
     check_replay,
+    is_uuid,
+    new_id,
+    new_token,
 )
 
 Q = load_queries("tenure.backends.postgres")
@@ -251,12 +253,10 @@ class PostgresStore(keys.SchedulingReads, AuditWrites, _registry.RegistryOps, Ch
         if not self._db.claim_function:
             claims = await self.claim(worker_id, agents, capabilities, limit, ttl_s)
             by_job = {c.fence.job_id: c for c in claims}
-            started = await self.start(
-                worker_id, [Start(c.fence, x) for c, x in zip(claims, new_ids(len(claims)), strict=True)]
-            )
+            started = await self.start(worker_id, [Start(c.fence, new_id()) for c in claims])
             return [(by_job[s.fence.job_id], s) for s in started]
         token = new_token()
-        executions = new_ids(limit)
+        executions = [new_id() for _ in range(limit)]
         async with self._db.claim("claim_and_start") as conn:
             rows = await conn.fetch(
                 Q["claim_and_start"], worker_id, list(agents), list(capabilities), limit, ttl_s, token, executions

@@ -12,8 +12,7 @@ from tenure.backends import _rows, _rules
 from tenure.backends.sqlite import keys
 from tenure.backends.sqlite._claims import claim_sql
 from tenure.backends.sqlite._connection import Q
-from tenure.contracts.ids import new_ids, new_token
-from tenure.contracts.types import Claim, Finish, Start, Started
+from tenure.contracts.types import Claim, Finish, Start, Started, new_id, new_token
 
 
 def finish_in(db: sqlite3.Connection, worker_id: str, finishes: Sequence[Finish]) -> list[str]:
@@ -66,7 +65,7 @@ def claim_and_start_in(
     if limit <= 0:
         return []
     token = new_token()
-    executions = json.dumps(new_ids(limit))
+    executions = json.dumps([new_id() for _ in range(limit)])
     args = (worker_id, json.dumps(list(agents)), json.dumps(list(capabilities)), limit, ttl_s, token, executions)
     out = []
     for r in db.execute(claim_sql("claim_and_start", len(agents)), args).fetchall():

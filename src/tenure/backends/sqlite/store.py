@@ -25,7 +25,6 @@ from tenure.backends.sqlite._state_pages import per_state
 from tenure.backends.sqlite._writes import claim_and_start_in, finish_in, start_in
 from tenure.backends.sqlite.audit import AuditWrites, edit_input, insert_budget
 from tenure.contracts.errors import IllegalTransition, NotFound
-from tenure.contracts.ids import new_token
 from tenure.contracts.profile import WorkerRecord
 from tenure.contracts.reports import AdmissionState, CircuitState, GateAsk, StoreHealth
 from tenure.contracts.states import REQUEUEABLE, JobState, WorkerState
@@ -49,6 +48,7 @@ from tenure.contracts.types import (
     Started,
     SweepReport,
     check_replay,
+    new_token,
 )
 
 MIGRATIONS = load_migrations("tenure.backends.sqlite")  # read at import, never on the event loop

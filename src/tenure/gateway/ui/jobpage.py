@@ -21,8 +21,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from tenure.contracts.errors import IllegalTransition, InvalidRequest, NotFound, StoreUnavailable
-from tenure.contracts.ids import is_uuid
-from tenure.contracts.types import Job
+from tenure.contracts.types import Job, is_uuid
 from tenure.control.audit import AUDIT_CURSOR, MAX_PAGE, job_audit
 from tenure.control.json_input import parse_json
 from tenure.gateway.auth import Principal

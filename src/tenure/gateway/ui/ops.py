@@ -11,10 +11,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from tenure.contracts.errors import NotFound, TenureError
-from tenure.contracts.ids import is_uuid
 from tenure.contracts.insights import JobQuery
 from tenure.contracts.states import JobState
 from tenure.contracts.store import line_key, ticket_holder
+from tenure.contracts.types import is_uuid
 from tenure.gateway.auth import Principal
 
 if TYPE_CHECKING:

@@ -35,9 +35,9 @@ from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Re
 from starlette.routing import BaseRoute, Mount, Route
 
 from tenure.contracts.errors import IllegalTransition, NotFound, TenureError
-from tenure.contracts.ids import is_uuid
 from tenure.contracts.insights import JobQuery, JobSummary
 from tenure.contracts.states import JobState
+from tenure.contracts.types import is_uuid
 from tenure.control.admission import idem_digest
 from tenure.gateway.auth import Principal
 from tenure.gateway.ui.base import PageError
