@@ -51,6 +51,12 @@ async def pb_job(ctx: tenure.Context, input: dict) -> None:
     await job_body_async(input["run"], input["jid"], input["t_enq"], input["sleep_s"])
 
 
+def _settings(**values: Any) -> Settings:
+    """`Settings.of` since issue 11; the constructor before it, so that the same driver measures an older
+    checkout (session5-base) beside this one."""
+    return getattr(Settings, "of", Settings)(**values)
+
+
 def pg_url() -> str:
     # asyncpg passes unknown DSN query parameters to the server as settings: every connection of Tenure
     # (pool, claim connection, LISTEN connection) then works inside the per-run schema.
@@ -74,7 +80,7 @@ class Driver(BaseDriver):
         return {}
 
     def settings(self) -> Settings:
-        return Settings.of(database_url=self.database_url(), max_queued=BACKLOG_CAP, max_queued_per_tenant=BACKLOG_CAP)
+        return _settings(database_url=self.database_url(), max_queued=BACKLOG_CAP, max_queued_per_tenant=BACKLOG_CAP)
 
     def reset(self) -> None:
         import psycopg
@@ -194,7 +200,7 @@ class SqliteDriver(Driver):
 
     def settings(self) -> Settings:
         # The enqueuer opens the store with the same durability the workers use.
-        return Settings.of(
+        return _settings(
             database_url=self.database_url(),
             sqlite_synchronous=self.synchronous,
             max_queued=BACKLOG_CAP,
