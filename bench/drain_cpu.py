@@ -3,8 +3,9 @@
 Enqueues `--jobs` no-op jobs (no sleep, no Redis record, unlike the harness's W1), then starts `--workers`
 `tenure worker` processes (`--concurrency` each) and waits until every job succeeded. Reports the drain rate
 and, more robust on a shared machine than any rate, the CPU seconds the worker processes and all `postgres`
-processes spent per job (from /proc), and the idle CPU of the workers afterwards. Run it on two checkouts in
-turn (each with its own `.venv`) to compare them:
+processes spent per job (from /proc), and the idle CPU of the workers afterwards. `steady_*` count from the
+tenth job in ten on (no start-up), and split off the workers' event-loop threads from their other threads (the
+SQLite connection thread). Run it on two checkouts in turn (each with its own `.venv`) to compare them:
 
     .venv/bin/python bench/drain_cpu.py                                  # PostgreSQL, schema drain_cpu
     .venv/bin/python bench/drain_cpu.py --sqlite /tmp/drain_cpu.db
@@ -47,6 +48,16 @@ def _cpu_s(pid: int) -> float:
     except (FileNotFoundError, ProcessLookupError):
         return 0.0
     return (int(f[11]) + int(f[12]) + int(f[13]) + int(f[14])) / TCK
+
+
+def _loop_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process's main thread: a worker's event loop (its other threads are the
+    SQLite connection thread, the PostgreSQL pool's helpers, and the like)."""
+    try:
+        f = Path(f"/proc/{pid}/task/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return 0.0
+    return (int(f[11]) + int(f[12])) / TCK
 
 
 def _postgres_cpu_s() -> float:
@@ -107,9 +118,13 @@ async def _run(args: argparse.Namespace) -> dict[str, float]:
     try:
         pids = [p.pid for p in procs]
         w0, g0, t0 = sum(map(_cpu_s, pids)), _postgres_cpu_s(), time.perf_counter()
+        while (n0 := await succeeded()) < args.jobs // 10:  # the steady state: start-up (imports) left behind
+            await asyncio.sleep(0.02)
+        ws, ls = sum(map(_cpu_s, pids)), sum(map(_loop_cpu_s, pids))
         while await succeeded() < args.jobs:
             await asyncio.sleep(0.1)
         t1, w1, g1 = time.perf_counter(), sum(map(_cpu_s, pids)), _postgres_cpu_s()
+        l1 = sum(map(_loop_cpu_s, pids))
         await asyncio.sleep(2)
         w2, t2 = sum(map(_cpu_s, pids)), time.perf_counter()
         await asyncio.sleep(10)
@@ -125,6 +140,9 @@ async def _run(args: argparse.Namespace) -> dict[str, float]:
         "enqueue_ms_per_job": round(enqueue_s * 1000 / args.jobs, 4),
         "drain_jobs_per_s": round(args.jobs / (t1 - t0)),
         "worker_cpu_ms_per_job": round((w1 - w0) * 1000 / args.jobs, 4),
+        # From the tenth job in ten on: without the workers' start-up, the event loop apart from the rest.
+        "steady_worker_cpu_ms_per_job": round((w1 - ws) * 1000 / (args.jobs - n0), 4),
+        "steady_loop_thread_cpu_ms_per_job": round((l1 - ls) * 1000 / (args.jobs - n0), 4),
         "idle_worker_cpu_pct": round((w3 - w2) * 100 / (t3 - t2), 2),
     }
     if not args.sqlite:
