@@ -41,23 +41,25 @@ TCK = os.sysconf("SC_CLK_TCK")
 SCHEMA = "drain_cpu"
 
 
-def _cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process and its waited-for children."""
+def _stat_cpu_s(path: str, children: bool) -> float:
+    """User + system CPU seconds from a /proc `stat` file (a process's, or one thread's under `task/`), with the
+    waited-for children's when `children`."""
     try:
-        f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        f = Path(path).read_text().rsplit(")", 1)[1].split()
     except (FileNotFoundError, ProcessLookupError):
         return 0.0
-    return (int(f[11]) + int(f[12]) + int(f[13]) + int(f[14])) / TCK
+    return sum(int(v) for v in f[11 : 15 if children else 13]) / TCK
+
+
+def _cpu_s(pid: int) -> float:
+    """CPU seconds of a process and its waited-for children."""
+    return _stat_cpu_s(f"/proc/{pid}/stat", children=True)
 
 
 def _loop_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process's main thread: a worker's event loop (its other threads are the
-    SQLite connection thread, the PostgreSQL pool's helpers, and the like)."""
-    try:
-        f = Path(f"/proc/{pid}/task/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (FileNotFoundError, ProcessLookupError):
-        return 0.0
-    return (int(f[11]) + int(f[12])) / TCK
+    """CPU seconds of a process's main thread: a worker's event loop (its other threads are the SQLite
+    connection thread, the PostgreSQL pool's helpers, and the like)."""
+    return _stat_cpu_s(f"/proc/{pid}/task/{pid}/stat", children=False)
 
 
 def _postgres_cpu_s() -> float:
