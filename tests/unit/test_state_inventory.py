@@ -99,6 +99,7 @@ ALLOWED: dict[str, str] = {
     "tenure.worker.observe.WorkerObserver._started_mono": ROW,
     "tenure.worker.observe.WorkerObserver._tenants_seen": ROW,
     "tenure.worker.worker.Worker.abandoned": ROW,
+    "tenure.worker.worker.Worker._tasks": ROW,
     # metric objects: the "metric values" row (prometheus_client's registry)
     **{f"tenure.observability.metrics.{name}": CONSTANT for name in _METRICS},
     # -- constants: built at import (or construction) and never changed
@@ -129,7 +130,7 @@ ALLOWED: dict[str, str] = {
     "tenure.gateway.problems.Problem.headers": SCOPED,  # one response
     "tenure.gateway.streams.Subscription._pending": SCOPED,  # one client stream
     "tenure.gateway.family.ChildEvents.cursors": SCOPED,  # one client stream (?include=children)
-    "tenure.worker.execution.Execution.commands": SCOPED,  # one execution
+    "tenure.worker.waits.ExecutionWaits.commands": SCOPED,  # one execution
     "tenure.worker.execution.Execution.usage": SCOPED,  # one execution, written with its finish
 }
 

@@ -11,7 +11,7 @@ from tenure.contracts.states import JobState
 from tenure.contracts.types import AgentSpec
 from tenure.kernel.registry import Tenure
 from tenure.worker.record import Record
-from tenure.worker.timeouts import MIN_SAMPLE, WINDOW, DurationWindow, Timeouts, timeouts_for, wait_within
+from tenure.worker.timeouts import MIN_SAMPLE, WINDOW, Deadlines, DurationWindow, Timeouts, timeouts_for
 
 
 def window_of(durations: list[float]) -> DurationWindow:
@@ -118,32 +118,45 @@ async def test_a_paused_execution_is_not_reported_nor_stopped_before_the_jobs_ti
     soft: list[float] = []
 
     async def run(seconds: float, limits: Timeouts, paused: bool) -> float | None:
-        task = asyncio.create_task(asyncio.sleep(seconds))
+        """The hard timeout that passed within `seconds` of a handler's run, or None."""
+        passed: list[float | None] = []
+        deadlines = Deadlines(limits, lambda elapsed, s: soft.append(s), passed.append, lambda: paused)
         try:
-            return await wait_within(task, limits, lambda elapsed, s: soft.append(s), lambda: paused)
+            await asyncio.sleep(seconds)  # the handler, running on: the timers fire beside it
         finally:
-            task.cancel()
+            deadlines.cancel()
+        assert len(passed) <= 1, passed
+        return passed[0] if passed else None
 
     limits = Timeouts(0.02, 0.05, 5.0)
     assert await run(0.3, limits, paused=False) == 0.05 and soft == [0.02]  # soft reported, then the hard one
     soft.clear()
     assert await run(0.3, limits, paused=True) is None and soft == []  # ran on to its end, under the ceiling
-    assert await run(5.0, Timeouts(None, 0.02, 0.1), paused=True) == 0.1  # the ceiling still holds
-    assert await run(5.0, Timeouts(None, 0.1, 0.1), paused=True) == 0.1  # timeout= itself is the hard one
+    assert await run(0.5, Timeouts(None, 0.02, 0.1), paused=True) == 0.1  # the ceiling still holds
+    assert await run(0.5, Timeouts(None, 0.1, 0.1), paused=True) == 0.1  # timeout= itself is the hard one
 
 
-async def test_the_wait_ends_with_the_task_leaves_no_callback_and_a_cancelled_wait_leaves_the_task_running() -> None:
-    task = asyncio.create_task(asyncio.sleep(0.01, "done"))
-    assert await wait_within(task, Timeouts(1.0, 2.0, 2.0), lambda elapsed, s: None) is None
-    assert task.result() == "done"
+async def test_the_timers_fire_in_order_each_once_and_a_cancelled_one_never() -> None:
+    calls: list[tuple[str, float | None]] = []
+    deadlines = Deadlines(
+        Timeouts(0.01, 0.03, 0.03), lambda elapsed, s: calls.append(("soft", s)), lambda s: calls.append(("hard", s))
+    )
+    await asyncio.sleep(0.1)
+    assert calls == [("soft", 0.01), ("hard", 0.03)]
+    deadlines.cancel()  # after both fired: nothing to undo
 
-    slow = asyncio.create_task(asyncio.sleep(5))
-    waiting = asyncio.create_task(wait_within(slow, Timeouts(None, None), lambda elapsed, s: None))
-    await asyncio.sleep(0.02)
-    waiting.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await waiting
-    # The handler is the caller's to stop (with its grace), never stopped by the wait itself, and the wait's
-    # wake-up is gone from it.
-    assert not slow.done() and not slow._callbacks  # type: ignore[attr-defined]
-    slow.cancel()
+    calls.clear()
+    ended = Deadlines(
+        Timeouts(0.01, 0.03, 0.03), lambda elapsed, s: calls.append(("soft", s)), lambda s: calls.append(("hard", s))
+    )
+    ended.cancel()  # the handler ended before either
+    between = Deadlines(
+        Timeouts(0.01, 0.05, 0.05), lambda elapsed, s: calls.append(("soft", s)), lambda s: calls.append(("hard", s))
+    )
+    await asyncio.sleep(0.03)
+    between.cancel()  # ended past its soft timeout, before its hard one
+    await asyncio.sleep(0.1)
+    assert calls == [("soft", 0.01)]
+    # No timer at all without a timeout.
+    none = Deadlines(Timeouts(None, None), lambda elapsed, s: calls.append(("soft", s)), lambda s: calls.append(("hard", s)))
+    assert none._soft is None and none._hard is None

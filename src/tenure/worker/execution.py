@@ -1,4 +1,5 @@
-"""One started execution: its fence, its event sequence, its handler's own task, and its finish.
+"""One started execution: its fence, its event sequence, its handler (awaited in the execution's own task), and
+its finish.
 
 An `Execution` is the `ExecutionPort` its handler's `Context` writes through. Every write carries the fence
 (job, epoch, token); once the job is no longer owned by this execution, or the execution has ended, nothing
@@ -8,7 +9,13 @@ completer, the slots, the observer, the adapters, the quotas) and holds no refer
 `run()` never raises (but for the cancellation of the worker's own task group): whatever a handler does —
 raise an exception whose `str()` raises, raise SystemExit, KeyboardInterrupt or GeneratorExit, ignore its
 cancellation, return a value no store can hold — ends its own job, never the worker or another execution.
-What an end writes is `outcome_of`'s table.
+What an end writes is `outcome_of`'s table, or, for an execution stopped from outside, the stop's own outcome.
+
+One task per job: the handler runs in the execution's task, its timeouts are loop timers (`Deadlines`). A stop (a
+cancel request, the hard timeout, the drain's timeout, a lost claim) cancels that task, again every second while
+the handler ignores it; a handler that ignores it for `cancel_grace_s` is abandoned: its finish is handed to a
+task of its own (`_finish_abandoned`), so it can hold neither its finish nor a drain hostage, and its task keeps
+the slot until it does end (fail closed, like the blocking adapter).
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -27,16 +34,13 @@ from typing import Any, TypeVar
 from tenure.contracts.artifacts import ArtifactStore, looks_like_stub
 from tenure.contracts.errors import (
     ConfigError,
-    HandlerAborted,
     JobCancelled,
     OwnershipLost,
-    PermanentError,
-    StoreUnavailable,
 )
 from tenure.contracts.states import JobState
 from tenure.contracts.store import Store
-from tenure.contracts.text import describe_error, dumps
-from tenure.contracts.types import Claim, Command, Finish, Job, NewEvent, Started
+from tenure.contracts.text import dumps
+from tenure.contracts.types import Claim, Finish, Job, NewEvent, Started
 from tenure.control.admission import Admission
 from tenure.control.quota_blocks import ExecutionQuotas
 from tenure.control.quotas import QuotaManager
@@ -52,16 +56,13 @@ from tenure.worker.completer import Completer
 from tenure.worker.config import WorkerConfig
 from tenure.worker.faults import Faults
 from tenure.worker.observe import WorkerObserver
-from tenure.worker.outcomes import HandlerTimeout, Outcome, outcome_of
+from tenure.worker.outcomes import HandlerTimeout, Outcome, call_handler, encode_result, outcome_of
 from tenure.worker.slots import Slots
-from tenure.worker.timeouts import timeouts_for, wait_within
+from tenure.worker.timeouts import Deadlines, timeouts_for
+from tenure.worker.waits import ExecutionWaits
 
 log = logging.getLogger("tenure.worker")
 T = TypeVar("T")
-
-# A waiting execution polls the store for its commands (persisted by the gateway before delivery) or its children.
-_WAIT_POLL_MIN_S = 0.05
-_WAIT_POLL_MAX_S = 1.0
 
 
 @dataclass(slots=True)
@@ -87,25 +88,6 @@ class Env:
     the store, with the default limits, knowing the child agents from the live registry."""
 
 
-async def _call_handler(agent: Agent, ctx: Context, payload: Any, adapter: BlockingAdapter) -> Any:
-    """The handler's call, in its own task. The three exceptions that are not `Exception`s become one here:
-    asyncio re-raises SystemExit and KeyboardInterrupt out of any task into the event loop (ending the
-    process), and GeneratorExit would escape the execution into the worker's task group."""
-    try:
-        if agent.is_async:
-            return await agent.handler(ctx, payload)
-        return await adapter.run(agent.handler, ctx, payload)
-    except (SystemExit, KeyboardInterrupt, GeneratorExit) as exc:
-        raise HandlerAborted(describe_error(exc)) from None
-
-
-def _encode(result: Any) -> str:
-    try:
-        return dumps(result)
-    except (TypeError, ValueError, RecursionError) as exc:
-        raise PermanentError(f"the result cannot be stored: {describe_error(exc)}") from exc
-
-
 class Execution:
     """One started execution (see the module docstring)."""
 
@@ -129,16 +111,41 @@ class Execution:
         self.cancel_requested = False
         self.unwritten = 0
         self.usage: dict[str, float] = {}
-        self.task: asyncio.Task[None] | None = None  # run()'s task, set by whoever spawned it
-        self.handler: asyncio.Task[Any] | None = None  # the handler's own task
-        self.command_seq = 0  # the last command read from the store
-        self.commands: list[Command] = []  # read, not yet consumed (another kind than the one awaited)
-        self.commands_ready = asyncio.Event()  # set by the control loop when a new command is persisted
-        self.journal = ExecutionAudit(self, env.config.prices)  # ctx.tool_call / evidence / usage / step
-        self.children = ExecutionChildren(self)  # ctx.spawn / gather
-        self.quotas: ExecutionQuotas | None = (
-            ExecutionQuotas(env.quotas, self.execution_id) if env.quotas is not None else None
-        )
+        self.task: asyncio.Task[None] | None = None  # run()'s task (the handler's too), set by whoever spawned it
+        self.in_handler = False  # the task is inside the handler: a stop repeats its cancellation, within the grace
+        self.stopping: str | None = None  # why it is being stopped from outside: "cancel", "timeout" or "shutdown"
+        self.timed_out_s: float | None = None  # the hard timeout that passed (None: its timeout_s)
+        self.abandoned = False  # the handler ignored its stop for cancel_grace_s: another task writes the finish
+        self._slot_held = True
+        self._deadlines: Deadlines | None = None
+        self._again: asyncio.TimerHandle | None = None  # the stop's next cancellation, while the handler ignores it
+        self._waits: ExecutionWaits | None = None
+        self._journal: ExecutionAudit | None = None
+        self._children: ExecutionChildren | None = None
+        self._quotas: ExecutionQuotas | None = None
+        self.began = time.monotonic()
+
+    # What only some handlers use is made on first use: a no-op job pays for none of it.
+    @property
+    def journal(self) -> ExecutionAudit:
+        """ctx.tool_call / evidence / usage / step (worker/audit.py)."""
+        if self._journal is None:
+            self._journal = ExecutionAudit(self, self.env.config.prices, self.began)
+        return self._journal
+
+    @property
+    def children(self) -> ExecutionChildren:
+        """ctx.spawn / gather (worker/children.py)."""
+        if self._children is None:
+            self._children = ExecutionChildren(self)
+        return self._children
+
+    @property
+    def quotas(self) -> ExecutionQuotas | None:
+        """ctx.quota's leases (control/quota_blocks.py); None: this worker has no quota backend."""
+        if self._quotas is None and self.env.quotas is not None:
+            self._quotas = ExecutionQuotas(self.env.quotas, self.execution_id)
+        return self._quotas
 
     # -- stopped from outside ----------------------------------------------------------------------------------------
     def lose(self) -> None:
@@ -160,25 +167,73 @@ class Execution:
                 "agent": self.claim.agent,
             },
         )
-        if self.task is not None and self.task is not asyncio.current_task():
-            self.task.cancel(f"OwnershipLost: job {job_id} epoch {self.fence.epoch}")
-        if self.handler is not None and not self.handler.done() and self.handler is not asyncio.current_task():
-            # At once, not when the run task gets to _stop_handler: the handler's next step may be a side effect.
-            self.handler.cancel(f"OwnershipLost: job {job_id} epoch {self.fence.epoch}")
+        # At once: the handler's next step may be a side effect.
+        self._stop(f"OwnershipLost: job {job_id} epoch {self.fence.epoch}")
 
     def cancel(self) -> None:
         """A cancel request for the job: stop the handler; the finish writes `cancelled`."""
         if self.cancel_requested or self.lost:
             return
         self.cancel_requested = True
-        if self.task is not None:
-            self.task.cancel(f"JobCancelled: job {self.fence.job_id}")
+        self.stopping = self.stopping or "cancel"
+        self._stop(f"JobCancelled: job {self.fence.job_id}")
+
+    def shut_down(self) -> None:
+        """The drain timed out: stop; the finish puts the job back (`worker_shutdown`)."""
+        self.stopping = self.stopping or "shutdown"
+        self._stop("worker shutdown")
+
+    def _hard_timed_out(self, timeout_s: float | None) -> None:
+        self.env.observer.timed_out()  # counted now, before its slot frees: health acts before the next claim
+        self.timed_out_s = timeout_s
+        self.stopping = self.stopping or "timeout"
+        self._stop("hard timeout")
+
+    def _stop(self, message: str) -> None:
+        """Cancel the execution's task (never from inside it: there `check()` raises instead); while it is inside
+        the handler, again every second (cleanup code may swallow one cancellation), and once `cancel_grace_s`
+        passed, abandon the handler."""
+        if self._deadlines is not None:
+            self._deadlines.cancel()
+        task = self.task
+        if task is None or task.done() or task is asyncio.current_task() or self.abandoned:
+            return
+        task.cancel(message)
+        if self.in_handler and self._again is None:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + self.env.config.cancel_grace_s
+
+            def again() -> None:
+                self._again = None
+                if not self.in_handler or task.done():
+                    return
+                if loop.time() >= deadline:
+                    self._abandon(task)
+                    return
+                task.cancel(message)
+                self._again = loop.call_at(min(deadline, loop.time() + 1.0), again)
+
+            self._again = loop.call_at(min(deadline, loop.time() + 1.0), again)
+
+    def _abandon(self, task: asyncio.Task[None]) -> None:
+        """The handler ignored every cancellation for `cancel_grace_s`: it runs on in its task, which keeps the slot
+        until it ends and writes nothing more; the finish is written by a task of its own."""
+        self.abandoned = True
+        self.closed = True  # its port refuses every later write
+        self.env.abandoned.add(task)
+        task.add_done_callback(self.env.abandoned.discard)
+        log.error(
+            "job %s: the handler ignored its cancellation for %.0f s; abandoned (it keeps its slot until it ends, and "
+            "writes nothing more)",
+            self.fence.job_id,
+            self.env.config.cancel_grace_s,
+        )
+        self.task = asyncio.get_running_loop().create_task(self._finish_abandoned(), name=f"finish-{self.fence.job_id}")
 
     # -- the run -----------------------------------------------------------------------------------------------------
-    async def run(self, shutting_down: Callable[[], bool]) -> None:
-        """Run to the finish CAS. `shutting_down()`: the drain timed out and cancelled this execution."""
+    async def run(self) -> None:
+        """Run the handler, then its finish CAS."""
         env, claim = self.env, self.claim
-        began = time.monotonic()
         bind_log_context(  # this task's own context: every line logged for this job names it
             job_id=claim.fence.job_id,
             execution_id=self.execution_id,
@@ -186,72 +241,107 @@ class Execution:
             agent=claim.agent,
             epoch=claim.fence.epoch,
         )
-        slot_held = True
         try:
-            try:
-                finish = await self._success(await self._run_handler())
-            except asyncio.CancelledError:
-                # Stopped from outside: ownership lost, a cancel request, or the drain timed out. Anything else
-                # is the cancellation of the worker's own task group, which must go on.
-                if not (self.lost or self.cancel_requested or shutting_down()):
-                    raise
-                task = asyncio.current_task()
-                if task is not None:
-                    task.uncancel()
-                if self.lost:
-                    return
-                if self.cancel_requested:
-                    finish = self._finish(Outcome(JobState.CANCELLED, "cancelled", "cancelled"))
-                else:
-                    finish = self._finish(
-                        Outcome(JobState.SCHEDULED, "worker_shutdown", "the worker shut down before the job finished")
-                    )
-            except Exception as exc:
-                outcome = outcome_of(exc)
-                if outcome is None:
-                    return
-                if outcome.code == "error":
-                    log.info("job %s attempt %d raised %s", claim.fence.job_id, self.attempt, outcome.message)
-                finish = self._finish(outcome)
-            # The slot is execution capacity: free it now, while the finish waits for its round trip. A handler
-            # that ignored its cancellation keeps its slot until it ends (fail closed, like the blocking adapter).
-            if self.handler is None or self.handler.done():
-                env.slots.free()
-                slot_held = False
-            if self.lost:
-                return
-            # From here the finish CAS is the fence: a heartbeat that races it and no longer finds the claim
-            # (because the finish just committed) must not cancel us.
-            self.finishing = True
-            await env.faults.hit("before_finish", {claim.agent})
-            matched = await env.completer.finish(finish)
-            if matched and finish.state is JobState.CANCELLED:
-                await self.children.cancel_unfinished()  # spawned after the cancel's own cascade read them
-            dt = time.monotonic() - began
-            env.observer.finished(claim, self.execution_id, finish.state, finish.error_code, dt, matched, not self.paused)
-            if not matched and not self.lost:
-                log.warning("finish of job %s matched no row: ownership was lost", claim.fence.job_id)
+            finish = await self._outcome()
+            if finish is not None:
+                # The slot is execution capacity: free it now, while the finish waits for its round trip.
+                self._free_slot()
+                await self._write(finish)
         except asyncio.CancelledError:
             raise
         except BaseException:  # the last line: a defect of the worker's own, never the task group's end
             log.exception("execution of job %s failed inside the worker", claim.fence.job_id)
         finally:
-            self.closed = True
-            if slot_held:
-                if self.handler is None or self.handler.done():
-                    env.slots.free()
-                else:
-                    self.handler.add_done_callback(lambda _: env.slots.free())
-            try:
-                await self._on_end(claim.fence.job_id)
-            except Exception:
-                log.exception("ending the execution of job %s failed", claim.fence.job_id)
-            if self.quotas is not None and self.quotas.blocks:
-                with contextlib.suppress(Exception):
-                    await self.quotas.release_all()
+            if self.abandoned:
+                self._free_slot()  # the handler ended at last; its finish was another task's
+            else:
+                await self._end()
+
+    async def _finish_abandoned(self) -> None:
+        """The finish of an execution whose handler was abandoned (it still holds the slot)."""
+        try:
+            if not self.lost:
+                await self._write(self._finish(self._stopped_outcome()))
+        except asyncio.CancelledError:
+            raise
+        except BaseException:
+            log.exception("execution of job %s failed inside the worker", self.fence.job_id)
+        finally:
+            await self._end()
+
+    async def _outcome(self) -> Finish | None:
+        """Run the handler and say what its finish writes (None: nothing, the job is no longer ours). Stopped
+        from outside, the stop decides, whatever the handler returned or raised meanwhile; a cancellation that
+        is not a stop (the worker's own) goes on."""
+        try:
+            result = await self._run_handler()
+            if self.stopping is None and not self.lost:
+                return await self._success(result)
+        except asyncio.CancelledError:
+            if self.stopping is None and not self.lost:
+                raise
+        except Exception as exc:
+            if self.stopping is None and not self.lost:
+                outcome = outcome_of(exc)
+                if outcome is None:
+                    return None
+                if outcome.code == "error":
+                    log.info("job %s attempt %d raised %s", self.fence.job_id, self.attempt, outcome.message)
+                return self._finish(outcome)
+        task = asyncio.current_task()
+        while task is not None and task.cancelling():
+            task.uncancel()  # our own stop's cancellations, all of them (it may have repeated one)
+        if self.lost or self.abandoned:
+            return None
+        return self._finish(self._stopped_outcome())
+
+    def _stopped_outcome(self) -> Outcome:
+        if self.stopping == "cancel":
+            return Outcome(JobState.CANCELLED, "cancelled", "cancelled")
+        if self.stopping == "timeout":
+            grace = self.env.config.cancel_grace_s
+            outcome = outcome_of(HandlerTimeout(self.timed_out_s, not self.abandoned, grace))
+            assert outcome is not None
+            return outcome
+        return Outcome(JobState.SCHEDULED, "worker_shutdown", "the worker shut down before the job finished")
+
+    async def _write(self, finish: Finish) -> None:
+        """The finish CAS (through the completer's batch), and what follows it."""
+        env, claim = self.env, self.claim
+        if self.lost:
+            return
+        # From here the finish CAS is the fence: a heartbeat that races it and no longer finds the claim
+        # (because the finish just committed) must not cancel us.
+        self.finishing = True
+        await env.faults.hit("before_finish", {claim.agent})
+        matched = await env.completer.finish(finish)
+        if matched and finish.state is JobState.CANCELLED and self._children is not None:
+            await self._children.cancel_unfinished()  # spawned after the cancel's own cascade read them
+        dt = time.monotonic() - self.began
+        env.observer.finished(claim, self.execution_id, finish.state, finish.error_code, dt, matched, not self.paused)
+        if not matched and not self.lost:
+            log.warning("finish of job %s matched no row: ownership was lost", claim.fence.job_id)
+
+    def _free_slot(self) -> None:
+        if self._slot_held:
+            self._slot_held = False
+            self.env.slots.free()
+
+    async def _end(self) -> None:
+        """The execution ended: its port writes nothing more, the worker forgets it, its leases go back."""
+        self.closed = True
+        if not self.abandoned:
+            self._free_slot()
+        try:
+            await self._on_end(self.fence.job_id)
+        except Exception:
+            log.exception("ending the execution of job %s failed", self.fence.job_id)
+        if self._quotas is not None and self._quotas.blocks:
+            with contextlib.suppress(Exception):
+                await self._quotas.release_all()
 
     async def _success(self, result: Any) -> Finish:
-        result_json = await asyncio.to_thread(_encode, result) if probably_large(result) else _encode(result)
+        result_json = await asyncio.to_thread(encode_result, result) if probably_large(result) else encode_result(result)
         result_json = await by_reference(
             self.env.config, self.env.artifacts, self.fence.job_id, result_json, looks_like_stub(result), "result"
         )
@@ -272,32 +362,17 @@ class Execution:
         )
 
     def _make_finish(
-        self,
-        state: JobState,
-        *,
-        result_json: str | None = None,
-        error_code: str | None = None,
-        error: str | None = None,
+        self, state: JobState, *, result_json: str | None = None, error_code: str | None = None, error: str | None = None,
         delay: float = 0.0,
-    ) -> Finish:
-        return Finish(
-            self.fence,
-            self.execution_id,
-            self.started_at,
-            state,
-            self.seq,
-            result_json,
-            error_code,
-            error,
-            delay,
-            dumps(self.usage) if self.usage else None,
-        )
+    ) -> Finish:  # fmt: skip
+        usage = dumps(self.usage) if self.usage else None
+        x = self
+        return Finish(x.fence, x.execution_id, x.started_at, state, x.seq, result_json, error_code, error, delay, usage)
 
     async def _run_handler(self) -> Any:
-        """Run the handler in a task of its own and return its result, or raise its error (`_call_handler`
-        makes every error an `Exception`), or `HandlerTimeout`. When this execution is stopped
-        (CancelledError) or times out, the handler is cancelled and given `cancel_grace_s` to end; one that
-        ignores cancellation is abandoned, so it cannot hold its execution, its finish or a drain hostage."""
+        """Await the handler in this task, within its timeouts (`Deadlines`: a soft one reported, a hard one
+        stopping it), and return its result or raise its error (`call_handler` makes every error an
+        `Exception`)."""
         env, claim = self.env, self.claim
         ctx = Context(
             self,
@@ -311,22 +386,20 @@ class Execution:
             mode=claim.mode,
         )
         payload = json.loads(claim.input_json)
-        handler = asyncio.get_running_loop().create_task(
-            _call_handler(self.agent, ctx, payload, env.adapter), name=f"handler-{claim.fence.job_id}"
-        )
-        self.handler = handler
         window = env.observer.record.durations.get(claim.agent)
         limits = timeouts_for(self.agent.spec, window, claim.timeout_s, env.config.hard_timeout_floor_s)
+        if limits.soft_s is not None or limits.hard_s is not None:
+            self._deadlines = Deadlines(limits, self._soft_timed_out, self._hard_timed_out, lambda: self.paused)
+        self.in_handler = True
         try:
-            passed = await wait_within(handler, limits, self._soft_timed_out, lambda: self.paused)
-        except asyncio.CancelledError:
-            await self._stop_handler(handler)
-            raise
-        if passed is not None:
-            env.observer.timed_out()  # counted now, before its slot frees: health acts before the next claim
-            stopped = await self._stop_handler(handler)
-            raise HandlerTimeout(passed, stopped, env.config.cancel_grace_s)
-        return handler.result()
+            return await call_handler(self.agent, ctx, payload, env.adapter)
+        finally:
+            self.in_handler = False
+            if self._deadlines is not None:
+                self._deadlines.cancel()
+            if self._again is not None:
+                self._again.cancel()
+                self._again = None
 
     def _soft_timed_out(self, elapsed_s: float, threshold_s: float) -> None:
         """Past the soft timeout: logged, counted, and an `execution.soft_timeout` event joins the history."""
@@ -336,31 +409,6 @@ class Execution:
         self.seq += 1
         payload = dumps({"elapsed_s": round(elapsed_s, 3), "threshold_s": round(threshold_s, 3)})
         self.env.completer.append(NewEvent(self.fence, self.execution_id, self.seq, "execution.soft_timeout", payload))
-
-    async def _stop_handler(self, handler: asyncio.Task[Any]) -> bool:
-        """Cancel the handler (again every second: cleanup code may swallow one cancellation) until it ends or
-        `cancel_grace_s` passed. False: it ignored every cancellation and runs on, abandoned."""
-        grace = self.env.config.cancel_grace_s
-        deadline = time.monotonic() + grace
-        while not handler.done():
-            left = deadline - time.monotonic()
-            if left <= 0:
-                self.env.abandoned.add(handler)
-                handler.add_done_callback(self.env.abandoned.discard)
-                log.error(
-                    "job %s: the handler ignored its cancellation for %.0f s; abandoned (it keeps its slot until it "
-                    "ends, and writes nothing more)",
-                    self.fence.job_id,
-                    grace,
-                )
-                self.closed = True  # its port refuses every later write
-                return False
-            handler.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.wait({handler}, timeout=min(1.0, left))
-        if not handler.cancelled():
-            handler.exception()  # retrieved: the outcome is the stop, not what the handler raised meanwhile
-        return True
 
     # -- ExecutionPort -------------------------------------------------------------------------------------------
     def check(self) -> None:
@@ -403,81 +451,26 @@ class Execution:
     def record_external(self, kind: str, seconds: float) -> None:
         self.env.observer.external(self.agent.spec.name, kind, seconds)
 
-    # -- pause and resume (ctx.next_input, ctx.approval) ---------------------------------------------------------------
-    def _take_command(self, kind: str) -> Command | None:
-        for i, c in enumerate(self.commands):
-            if c.kind == kind:
-                return self.commands.pop(i)
-        return None
+    # -- pause and resume (ctx.next_input, ctx.approval, a coordinator's wait: worker/waits.py) ----------------------
+    @property
+    def waits(self) -> ExecutionWaits:
+        if self._waits is None:
+            self._waits = ExecutionWaits(self)
+        return self._waits
 
-    async def _read_commands(self) -> None:
-        new = await self.env.store.read_commands(self.fence.job_id, self.command_seq)
-        if new:
-            self.command_seq = new[-1].seq
-            self.commands.extend(new)
-
-    async def _set_waiting(self, waiting: bool, payload: dict[str, Any]) -> None:
-        await self.flush()  # the history stays in order: everything emitted before goes first
-        self.seq += 1
-        self.paused = self.paused or waiting
-        event = NewEvent(
-            self.fence, self.execution_id, self.seq, "job.waiting" if waiting else "job.resumed", dumps(payload)
-        )
-        if not await self.env.store.set_waiting(event, waiting):
-            self.lose()
-            self.check()
+    def command_arrived(self, seq: int) -> None:
+        """The control loop saw command `seq` persisted for this job: wake a wait for it."""
+        if self._waits is not None and seq > self._waits.command_seq:
+            self._waits.ready.set()
 
     async def wait_command(self, kind: str, prompt: Any) -> Any:
-        self.check()
-        await self._read_commands()
-        command = self._take_command(kind)
-        if command is None:
-            async with self.waiting({"for": kind, "prompt": prompt}) as resumed:
-                command = await self.poll(self._next_command(kind))
-                resumed.update(command=kind, seq=command.seq)
-        return command.payload
+        return await self.waits.wait_command(kind, prompt)
 
-    def _next_command(self, kind: str) -> Callable[[], Awaitable[Command | None]]:
-        async def read() -> Command | None:
-            await self._read_commands()
-            return self._take_command(kind)
-
-        return read
-
-    @contextlib.asynccontextmanager
-    async def waiting(self, why: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        """The job is `waiting` (event payload `why`) for the block, holding no worker slot and no quota lease;
-        both are taken back before the block's end is written as `job.resumed` with the payload the block left
-        in the dict it was given. A block that raises leaves the job to its finish."""
-        await self._set_waiting(True, why)
-        await self.pause_quotas()  # waiting holds no quota lease either (seed 003: pause / resume)
-        self.env.slots.free()  # waiting holds no worker slot
-        resumed: dict[str, Any] = {}
-        try:
-            yield resumed
-        finally:
-            self.env.slots.take()  # a slot back (briefly over the limit at worst: no new claims)
-        await self.resume_quotas()  # the leases are taken back before the handler continues
-        await self._set_waiting(False, resumed)
+    def waiting(self, why: dict[str, Any]) -> AbstractAsyncContextManager[dict[str, Any]]:
+        return self.waits.waiting(why)
 
     async def poll(self, ready: Callable[[], Awaitable[T | None]]) -> T:
-        """`await ready()` until it answers something, woken by the control loop (NOTIFY / polling hint: a new
-        command or a cancel) or by a growing poll, the floor (`_WAIT_POLL_MIN_S` to `_WAIT_POLL_MAX_S`): a
-        waiting job costs one read per interval, never a busy loop. Raises once the execution must stop."""
-        delay = _WAIT_POLL_MIN_S
-        while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.commands_ready.wait(), delay)
-            self.commands_ready.clear()
-            self.check()
-            try:
-                got = await ready()
-            except StoreUnavailable as exc:
-                log.warning("job %s: reading what it waits for failed: %s", self.fence.job_id, exc)
-                got = None
-            if got is not None:
-                return got
-            delay = min(delay * 1.5, _WAIT_POLL_MAX_S)
+        return await self.waits.poll(ready)
 
     # -- coordinators (docs/coordinators.md, worker/children.py) --------------------------------------------------
     async def spawn(self, agent: str, input: Any, key: str, options: dict[str, Any]) -> tuple[str, bool]:
@@ -492,9 +485,9 @@ class Execution:
         return self.quotas.quota(key, wait=wait, timeout_s=timeout_s)
 
     async def pause_quotas(self) -> None:
-        if self.quotas is not None:
-            await self.quotas.pause()
+        if self._quotas is not None:
+            await self._quotas.pause()
 
     async def resume_quotas(self) -> None:
-        if self.quotas is not None:
-            await self.quotas.resume()
+        if self._quotas is not None:
+            await self._quotas.resume()

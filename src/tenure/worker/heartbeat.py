@@ -186,5 +186,5 @@ class Heartbeat:
                 held.cancel(job_id)
             for job_id, seq in seqs.items():
                 execution = held.running.get(job_id)
-                if execution is not None and seq > execution.command_seq:
-                    execution.commands_ready.set()
+                if execution is not None:
+                    execution.command_arrived(seq)

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-from tenure.contracts.errors import JobCancelled, OwnershipLost, PermanentError, TenureError
+from tenure.contracts.errors import HandlerAborted, JobCancelled, OwnershipLost, PermanentError, TenureError
 from tenure.contracts.states import JobState
-from tenure.contracts.text import describe_error
+from tenure.contracts.text import describe_error, dumps
+from tenure.kernel.blocking import BlockingAdapter
+from tenure.kernel.context import Context
+from tenure.kernel.registry import Agent
 
 
 # -- what an end writes ------------------------------------------------------------------------------------------
@@ -55,3 +59,24 @@ def outcome_of(exc: Exception) -> Outcome | None:
                 text = text.partition(": ")[2] or text  # its message says it all
             return Outcome(state, code or str(getattr(exc, "code", "error")), text)
     raise AssertionError("unreachable: Exception matches the last row")
+
+
+# -- what a handler's call ends with ------------------------------------------------------------------------------
+async def call_handler(agent: Agent, ctx: Context, payload: Any, adapter: BlockingAdapter) -> Any:
+    """The handler's call. The three exceptions that are not `Exception`s become one here: asyncio re-raises
+    SystemExit and KeyboardInterrupt out of any task into the event loop (ending the process), and GeneratorExit
+    would end the execution's task without its finish."""
+    try:
+        if agent.is_async:
+            return await agent.handler(ctx, payload)
+        return await adapter.run(agent.handler, ctx, payload)
+    except (SystemExit, KeyboardInterrupt, GeneratorExit) as exc:
+        raise HandlerAborted(describe_error(exc)) from None
+
+
+def encode_result(result: Any) -> str:
+    """A handler's result as the JSON its finish stores; one no store can hold fails the job (permanently)."""
+    try:
+        return dumps(result)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise PermanentError(f"the result cannot be stored: {describe_error(exc)}") from exc

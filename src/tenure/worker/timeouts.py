@@ -29,7 +29,6 @@ import collections
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from tenure.contracts.types import AgentSpec
 
@@ -79,7 +78,7 @@ class Timeouts:
     soft_s: float | None
     hard_s: float | None
     ceiling_s: float | None = field(default=None, compare=False)  # the input it was clamped to, not a result
-    """The job's `timeout_s`: what still holds for an execution that paused (`wait_within`'s `paused`)."""
+    """The job's `timeout_s`: what still holds for an execution that paused (`Deadlines`' `paused`)."""
 
 
 def timeouts_for(spec: AgentSpec, window: DurationWindow | None, job_timeout_s: float | None, floor_s: float) -> Timeouts:
@@ -108,53 +107,44 @@ def timeouts_for(spec: AgentSpec, window: DurationWindow | None, job_timeout_s: 
     return Timeouts(soft, hard, ceiling)
 
 
-async def wait_within(
-    task: asyncio.Task[Any],
-    limits: Timeouts,
-    past_soft: Callable[[float, float], None],
-    paused: Callable[[], bool] = lambda: False,
-) -> float | None:
-    """Wait for `task` until its hard timeout; past the soft one, call `past_soft(elapsed_s, soft_s)` once and wait
-    on. One wait to the soft timeout, then one for the rest of the hard one: no timer or task of their own. An
-    execution that `paused()` is neither reported past its soft timeout nor stopped before `ceiling_s`. None: the
-    task ended; else the timeout that passed, in seconds (the task still runs: stopping it is the caller's)."""
-    loop = asyncio.get_running_loop()
-    began = loop.time()
-    # One waiter for the whole wait, woken by the task's end or by the timer of the stage: asyncio.wait per stage
-    # built a future, a callback, a timer and two sets each time (7% of the worker's samples in a no-op drain).
-    waiter: asyncio.Future[None] = loop.create_future()
+class Deadlines:
+    """The soft and hard timeouts of one running handler, as loop timers: the handler runs in its execution's own
+    task, so nothing waits on it. Past the soft timeout `past_soft(elapsed_s, soft_s)` is called once; past the
+    hard one `past_hard(timeout_s)` (stopping the handler is the caller's). An execution that `paused()` is neither
+    reported past its soft timeout nor stopped before `ceiling_s`. `cancel()` when the handler ends."""
 
-    def wake(_: object = None) -> None:
-        if not waiter.done():
-            waiter.set_result(None)
+    __slots__ = ("_began", "_hard", "_limits", "_loop", "_past_hard", "_past_soft", "_paused", "_soft")
 
-    async def until(limit_s: float | None) -> bool:
-        nonlocal waiter
-        if task.done():
-            return True
-        if waiter.done():
-            waiter = loop.create_future()
-        timer = None if limit_s is None else loop.call_at(began + limit_s, wake)
-        try:
-            await waiter
-        finally:
+    def __init__(
+        self,
+        limits: Timeouts,
+        past_soft: Callable[[float, float], None],
+        past_hard: Callable[[float | None], None],
+        paused: Callable[[], bool] = lambda: False,
+    ) -> None:
+        loop = self._loop = asyncio.get_running_loop()
+        self._limits, self._past_soft, self._past_hard, self._paused = limits, past_soft, past_hard, paused
+        self._began = began = loop.time()
+        self._soft = None if limits.soft_s is None else loop.call_at(began + limits.soft_s, self._on_soft)
+        self._hard = None if limits.hard_s is None else loop.call_at(began + limits.hard_s, self._on_hard)
+
+    def _on_soft(self) -> None:
+        self._soft = None
+        if not self._paused():
+            self._past_soft(self._loop.time() - self._began, self._limits.soft_s)  # type: ignore[arg-type]
+
+    def _on_hard(self) -> None:
+        self._hard = None
+        limits = self._limits
+        if self._paused() and limits.hard_s != limits.ceiling_s:
+            if limits.ceiling_s is not None:
+                self._hard = self._loop.call_at(self._began + limits.ceiling_s, self._past_hard, limits.ceiling_s)
+            return
+        self._past_hard(limits.hard_s)
+
+    def cancel(self) -> None:
+        """No more calls: the handler ended (or is being stopped)."""
+        for timer in (self._soft, self._hard):
             if timer is not None:
                 timer.cancel()
-        return task.done()
-
-    task.add_done_callback(wake)
-    try:
-        if limits.soft_s is not None:
-            if await until(limits.soft_s):
-                return None
-            if not paused():
-                past_soft(loop.time() - began, limits.soft_s)
-        if await until(limits.hard_s):
-            return None
-        if paused() and limits.hard_s != limits.ceiling_s:
-            if await until(limits.ceiling_s):
-                return None
-            return limits.ceiling_s
-        return limits.hard_s
-    finally:
-        task.remove_done_callback(wake)
+        self._soft = self._hard = None

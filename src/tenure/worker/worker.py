@@ -104,8 +104,9 @@ class Worker:
         self.on_claimed: Callable[[str], None] | None = None
         """Told the id of each job it starts (the local fast path's accounting: control/routing.LocalPath)."""
         self._stopping = asyncio.Event()
-        self._shutting_down = False  # the drain timed out: running executions are being cancelled
-        self._executions: asyncio.TaskGroup | None = None
+        self._tasks: set[asyncio.Task[None]] = set()  # the executions' tasks (held here: the loop holds them weakly)
+        self._none_running = asyncio.Event()  # set while no execution runs (the drain waits for it)
+        self._none_running.set()
         self._obs = WorkerObserver(
             self.id,
             heartbeat_s=cfg.heartbeat_s,
@@ -255,14 +256,19 @@ class Worker:
             lag_sampler = loops.create_task(self._obs.sampler.run(), name="lag-sampler")
             control = loops.create_task(keep_running("control", self._heartbeat.run_control), name="control")
             quotas = loops.create_task(keep_running("quota", self._heartbeat.run_quotas), name="quota-wakeups")
-            async with asyncio.TaskGroup() as executions:
-                self._executions = executions
-                claimer = None
-                if await self._warm_up(stop):
-                    claimer = executions.create_task(keep_running("claim", self._claim_loop.run), name="claim-loop")
-                    await _either(stop, self._drain_requested)
-                await self._drain(claimer)
-            self._executions = None
+            # Executions are tasks of their own, not of a task group: the task of a handler that ignores its
+            # cancellation outlives its execution (abandoned, worker/execution.py), and must not hold the exit.
+            try:
+                async with asyncio.TaskGroup() as claiming:
+                    claimer = None
+                    if await self._warm_up(stop):
+                        claimer = claiming.create_task(keep_running("claim", self._claim_loop.run), name="claim-loop")
+                        await _either(stop, self._drain_requested)
+                    await self._drain(claimer)
+            finally:
+                for execution in list(self.held.running.values()):  # only when the drain itself did not end
+                    if execution.task is not None:
+                        execution.task.cancel("worker stopped")
             for task in (sweeper, control, quotas):
                 task.cancel()
             await self.completer.close()
@@ -320,15 +326,17 @@ class Worker:
             return
         execution = Execution(self._env, claim, started, agent, self._ended)
         self.held.running[claim.fence.job_id] = execution
+        self._none_running.clear()
         if self.on_claimed is not None:
             self.on_claimed(claim.fence.job_id)
-        assert self._executions is not None
-        execution.task = self._executions.create_task(
-            execution.run(lambda: self._shutting_down), name=f"job-{claim.fence.job_id}"
-        )
+        task = execution.task = asyncio.get_running_loop().create_task(execution.run(), name=f"job-{claim.fence.job_id}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _ended(self, job_id: str) -> None:
         self.held.ended(job_id)
+        if not self.held.running:
+            self._none_running.set()
         self.finished += 1
         if self._gate is not None:
             await self._gate.settle()  # its worker-quota slot goes back at once
@@ -360,16 +368,15 @@ class Worker:
                     self.slots.free()
         if self._gate is not None:
             await self._gate.settle()
-        tasks = [e.task for e in self.held.running.values() if e.task is not None]
-        if tasks:
+        if self.held.running:
             timeout_s = self.config.drain_timeout_s if self._drain_timeout_s is None else self._drain_timeout_s
-            log.info("drain: waiting up to %.0fs for %d running jobs", timeout_s, len(tasks))
-            _, pending = await asyncio.wait(tasks, timeout=timeout_s)
-            if pending:
-                self._shutting_down = True
-                for t in pending:
-                    t.cancel("worker shutdown")
-                await asyncio.wait(pending)
+            log.info("drain: waiting up to %.0fs for %d running jobs", timeout_s, len(self.held.running))
+            try:
+                await asyncio.wait_for(self._none_running.wait(), timeout_s)
+            except TimeoutError:
+                for execution in list(self.held.running.values()):
+                    execution.shut_down()  # each ends within its cancel grace: a handler ignoring it is abandoned
+                await self._none_running.wait()
 
     async def _leave(self) -> None:
         self.health.leave(WorkerState.GONE)
