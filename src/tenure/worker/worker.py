@@ -1,10 +1,11 @@
 """The worker: claim only with a free slot, start with the start CAS, run, finish with the finish CAS.
 
-`Worker` composes one part per duty, every loop a child of one task group:
+`Worker` composes one part per duty, every loop a child of one task group (each execution a task of its own):
 
     claiming.py   the claim loop: slots first, then candidates (store wake-ups or ready-index hints), then a
                   claimer (claim and start in one step, or two), then the executions are launched
-    execution.py  one execution: its handler in a task of its own, its fenced writes, its finish
+    execution.py  one execution: its handler awaited in its own task, its stop and grace, its fenced writes, its finish
+    waits.py      an execution's pause and resume (commands, approvals, a coordinator's wait for its children)
     completer.py  the batched writer of events and finishes (the next claim may carry the finishes)
     heartbeat.py  the heartbeat (renews every claim, learns of losses and cancels), quota renewal, the control
                   fast path
