@@ -67,14 +67,14 @@ class ExecutionAudit:
 
     __slots__ = ("_began", "_budget", "_prices", "_seq", "_steps", "_used", "_x")
 
-    def __init__(self, execution: Execution, prices: Mapping[str, Price], began: float | None = None) -> None:
+    def __init__(self, execution: Execution, prices: Mapping[str, Price], began: float) -> None:
         self._x = execution
         self._prices = prices
         self._seq = 0  # this execution's audit records, 1, 2, ... under its epoch
         self._steps: dict[str, StepRecord] | None = None  # the job's journal, read at the first step
         self._budget: BudgetUse | bool | None = False  # False: not read yet; None: the job has no budget
         self._used = {"tool_calls": 0.0, "tokens": 0.0, "cost": 0.0}  # by this execution
-        self._began = time.monotonic() if began is None else began  # the execution's start (monotonic)
+        self._began = began  # the execution's start (time.monotonic())
 
     # -- audit records ----------------------------------------------------------------------------------------------
     def queue(self, kind: str, name: str, data_json: str, started_at: float | None, ended_at: float | None) -> None:

@@ -275,13 +275,13 @@ class Execution:
         is not a stop (the worker's own) goes on."""
         try:
             result = await self._run_handler()
-            if self.stopping is None and not self.lost:
+            if not self._stopped:
                 return await self._success(result)
         except asyncio.CancelledError:
-            if self.stopping is None and not self.lost:
+            if not self._stopped:
                 raise
         except Exception as exc:
-            if self.stopping is None and not self.lost:
+            if not self._stopped:
                 outcome = outcome_of(exc)
                 if outcome is None:
                     return None
@@ -294,6 +294,11 @@ class Execution:
         if self.lost or self.abandoned:
             return None
         return self._finish(self._stopped_outcome())
+
+    @property
+    def _stopped(self) -> bool:
+        """Stopped from outside: the stop decides the outcome (nothing, for a lost claim)."""
+        return self.stopping is not None or self.lost
 
     def _stopped_outcome(self) -> Outcome:
         if self.stopping == "cancel":
