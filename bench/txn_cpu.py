@@ -12,7 +12,7 @@ leaves it warm).
     .venv/bin/python bench/txn_cpu.py                              # 1,000 transactions of 10 + 10
     .venv/bin/python bench/txn_cpu.py --drop jobs_done_state       # the same without one index
     .venv/bin/python bench/txn_cpu.py --each jobs_finished,jobs_tenant_turn   # without each in turn
-    (cd ../base && .venv/bin/python ../main/bench/txn_cpu.py)      # an older checkout (session5-base)
+    (cd ../base && .venv/bin/python ../main/bench/txn_cpu.py --temp-store FILE)   # an older checkout (session5-base)
 
 Prints the median and mean CPU per transaction and per job.
 """
@@ -42,6 +42,7 @@ def measure(path: str, args: argparse.Namespace, drop: list[str]) -> list[float]
     db.row_factory = sqlite3.Row
     db.execute("PRAGMA journal_mode = WAL")
     db.execute(f"PRAGMA synchronous = {args.synchronous}")
+    db.execute(f"PRAGMA temp_store = {args.temp_store}")
     for name in drop:
         db.execute(f"DROP INDEX {name}")
     other = sqlite3.connect(path, isolation_level=None)
@@ -81,6 +82,12 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=10, help="finishes and claims per transaction (default 10)")
     parser.add_argument("--batches", type=int, default=1000, help="transactions measured (default 1,000)")
     parser.add_argument("--synchronous", default="FULL", choices=("FULL", "NORMAL"), help="(default FULL)")
+    parser.add_argument(
+        "--temp-store",
+        default="MEMORY",
+        choices=("MEMORY", "FILE"),
+        help="as the store sets it (default MEMORY; FILE before session 17)",
+    )
     parser.add_argument("--no-reset", dest="reset", action="store_false", help="no other commit in between")
     parser.add_argument("--drop", default="", help="indexes to drop first, comma-separated")
     parser.add_argument("--each", default="", help="indexes to drop one at a time (a run each, after a plain run)")

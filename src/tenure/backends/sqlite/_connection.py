@@ -134,6 +134,10 @@ class SqliteConnection:
         db.execute("PRAGMA journal_mode = WAL")
         db.execute(f"PRAGMA synchronous = {self._synchronous}")
         db.execute(f"PRAGMA busy_timeout = {int(_BUSY_TIMEOUT_S * 1000)}")
+        # Temporary tables and indices in memory: a claim's `IN (SELECT ...)` and every statement with a RETURNING
+        # clause open one, and on a file they cost the job path's transaction 8% more CPU (bench/txn_cpu.py,
+        # bench/README.md session 17). The store's reads are bounded (pinned indexes, LIMITs), so none grows large.
+        db.execute("PRAGMA temp_store = MEMORY")
         if fcntl is not None:
             self._turn = _WriterTurn(self.path + _LOCK_SUFFIX)
         self._db = db

@@ -1,5 +1,5 @@
-"""The execution's writes on SQLite, each inside the caller's write transaction (on the connection thread):
-the claim CAS, the start CAS and the finish CAS. Separate functions so that one transaction can run several of
+"""The job path's writes on SQLite, each inside the caller's write transaction (on the connection thread): the
+insert, the claim CAS, the start CAS and the finish CAS. Separate functions so that one transaction can run several of
 them (`finish_and_claim`: the finishes, then a claim and its starts, in one commit)."""
 
 from __future__ import annotations
@@ -7,12 +7,56 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Sequence
+from typing import Any
 
 from tenure.backends import _rows, _rules
 from tenure.backends.sqlite import keys
 from tenure.backends.sqlite._claims import claim_sql
 from tenure.backends.sqlite._connection import Q
-from tenure.contracts.types import Claim, Finish, Start, Started, new_id, new_token
+from tenure.contracts.types import Claim, Finish, NewJob, Start, Started, new_id, new_token
+
+
+def changed(
+    db: sqlite3.Connection, write: str, args: Sequence[Any], read: str, read_args: Sequence[Any]
+) -> list[sqlite3.Row]:
+    """Run `write`; if it changed any row, the rows `read` reads back (by key, in the same transaction): what a
+    RETURNING clause would answer, without the ephemeral table SQLite gives each statement that has one
+    (queries.sql's header). Empty when the write changed nothing."""
+    if db.execute(write, args).rowcount == 0:
+        return []
+    return db.execute(read, read_args).fetchall()
+
+
+def insert_in(db: sqlite3.Connection, j: NewJob, key_wait: bool) -> list[sqlite3.Row]:
+    """Insert one job inside the caller's write transaction: the row as inserted (get_job's columns), or nothing
+    when its (tenant, idempotency digest) existed. `key_wait`: its concurrency key has no free turn (keys.plan)."""
+    args = (
+        j.id,
+        j.tenant,
+        j.agent,
+        j.input_json,
+        j.priority,
+        ",".join(j.requires),
+        j.idem_digest,
+        j.request_fingerprint,
+        j.deadline_s,
+        j.max_attempts,
+        j.timeout_s,
+        int(j.retry_safe),
+        j.concurrency_key,
+        j.key_limit,
+        int(key_wait),
+        j.mode_requested,
+        j.mode_effective,
+        j.degraded_reason,
+        j.fair_step,
+        j.parent_job_id,
+        j.parent_execution_id,
+        j.preferred_worker,
+        j.preferred_grace_s,
+        j.route_json,
+    )
+    return changed(db, Q["insert_job"], args, Q["get_job"], (j.id, None))
 
 
 def finish_in(db: sqlite3.Connection, worker_id: str, finishes: Sequence[Finish]) -> list[str]:
@@ -21,7 +65,8 @@ def finish_in(db: sqlite3.Connection, worker_id: str, finishes: Sequence[Finish]
     done = []
     for x in finishes:
         f = x.fence
-        row = db.execute(
+        matched = changed(
+            db,
             Q["finish_execution"],
             (
                 f.job_id,
@@ -34,9 +79,12 @@ def finish_in(db: sqlite3.Connection, worker_id: str, finishes: Sequence[Finish]
                 x.error_message,
                 x.retry_delay_s,
             ),
-        ).fetchone()
-        if row is None:
+            Q["finished_job"],
+            (f.job_id,),
+        )
+        if not matched:
             continue
+        row = matched[0]
         effects = _rules.finish_effects(x)
         payload = _rules.finish_payload(x, row["next_attempt_at"])
         db.execute(Q["insert_event"], (f.job_id, f.epoch, x.seq, x.execution_id, effects.event_type, payload))
@@ -68,7 +116,7 @@ def claim_and_start_in(
     executions = json.dumps([new_id() for _ in range(limit)])
     args = (worker_id, json.dumps(list(agents)), json.dumps(list(capabilities)), limit, ttl_s, token, executions)
     out = []
-    for r in db.execute(claim_sql("claim_and_start", len(agents)), args).fetchall():
+    for r in changed(db, claim_sql("claim_and_start", len(agents)), args, Q["claimed_jobs"], (worker_id, token)):
         claim = _rows.claim(r, token, attempts=r["attempts"] - 1)  # the start added one attempt to the claim's
         f = claim.fence
         payload = json.dumps({"worker_id": worker_id, "attempt": r["attempts"]})
@@ -82,9 +130,12 @@ def start_in(db: sqlite3.Connection, worker_id: str, starts: Sequence[Start]) ->
     out = []
     for s in starts:
         f = s.fence
-        row = db.execute(Q["start_execution"], (f.job_id, worker_id, f.epoch, f.token, s.execution_id)).fetchone()
-        if row is None:
+        matched = changed(
+            db, Q["start_execution"], (f.job_id, worker_id, f.epoch, f.token, s.execution_id), Q["started_job"], (f.job_id,)
+        )
+        if not matched:
             continue
+        row = matched[0]
         payload = json.dumps({"worker_id": worker_id, "attempt": row["attempts"]})
         db.execute(Q["insert_event"], (f.job_id, f.epoch, 1, s.execution_id, "execution.started", payload))
         out.append(_rows.started(row, f, s.execution_id))

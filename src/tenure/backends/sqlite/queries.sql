@@ -1,10 +1,15 @@
 -- SQLite queries of the Tenure store. Every write runs inside BEGIN IMMEDIATE (one writer at a time across
 -- processes), so a conditional update and the reads before it see one consistent database.
 -- `{now}` is replaced at load time by SQLite's clock in epoch seconds.
+-- The writes on the job path (the insert, the claim, the start, the finish) have no RETURNING clause: SQLite
+-- (3.40) gives each statement with one an ephemeral table of its own, 30-55 us per statement on this schema
+-- against 20 us for the same write and a read of the row by its key in the same transaction (bench/README.md,
+-- session 17). They are read back by key instead (`changed` in _writes.py), as the RETURNING clause would have
+-- answered: after the write, before anything else in the transaction.
 
 -- name: insert_job --
--- Insert one job unless its (tenant, idempotency digest) exists; answers the row as inserted (the columns of
--- `get_job`), or nothing when the key existed.
+-- Insert one job unless its (tenant, idempotency digest) exists; the caller reads the row as inserted back with
+-- `get_job` when it changed one (no RETURNING: the header says why).
 INSERT INTO jobs (id, tenant, agent, input, priority, requires, idem_digest, request_fingerprint, deadline,
                   max_attempts, timeout_s, retry_safe, created_at, updated_at, concurrency_key, key_limit, key_wait,
                   mode_requested, mode_effective, degraded_reason, parent_job_id, parent_execution_id,
@@ -20,11 +25,6 @@ VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, {now} + ?9, ?10, ?11, ?12, {now}, {now},
                        WHERE h.priority = ?5 AND h.state = 'queued' AND h.owner IS NULL AND h.key_wait = 0
                        ORDER BY h.priority DESC, h.fair_at, h.id LIMIT 1), 0)))
 ON CONFLICT (tenant, idem_digest) WHERE idem_digest IS NOT NULL DO NOTHING
-RETURNING id, tenant, agent, input, priority, requires, state, owner, epoch, execution_id, attempts, max_attempts,
-          timeout_s, retry_safe, result, error_code, error_message, created_at, updated_at, claimed_at,
-          claim_expires_at, execution_started_at, next_attempt_at, deadline, cancel_requested_at, finished_at,
-          concurrency_key, key_wait, mode_requested, mode_effective, degraded_reason, parent_job_id,
-          parent_execution_id
 
 -- name: jobs_by_idem --
 -- The existing job of a tenant with this idempotency digest, whole (the columns of `get_job`), with its digest
@@ -131,7 +131,13 @@ UPDATE jobs
         SELECT id FROM ({candidates}))
    AND state = 'queued' AND owner IS NULL AND key_wait = 0 AND claimed_at IS NULL AND execution_id IS NULL
    AND execution_started_at IS NULL
-RETURNING id, epoch, agent, input, attempts, max_attempts, timeout_s, retry_safe, tenant, created_at, claimed_at, mode_effective AS mode
+
+-- name: claimed_jobs --
+-- The jobs one claim statement took (claim_jobs or claim_and_start), read back in its transaction: the worker's
+-- owned jobs (?1) with the claim's token (?2, new for each statement).
+SELECT id, epoch, agent, input, attempts, max_attempts, timeout_s, retry_safe, tenant, created_at, claimed_at,
+       mode_effective AS mode, execution_id, execution_started_at AS started_at
+  FROM jobs INDEXED BY jobs_owned WHERE owner = ?1 AND token = ?2
 
 -- name: claim_and_start --
 -- The claim CAS and the start CAS as one UPDATE (as PostgreSQL's tenure_claim_start): claim_jobs' candidates and
@@ -150,8 +156,6 @@ UPDATE jobs
  WHERE jobs.id = c.id
    AND state = 'queued' AND owner IS NULL AND key_wait = 0 AND claimed_at IS NULL AND execution_id IS NULL
    AND execution_started_at IS NULL
-RETURNING jobs.id AS id, epoch, agent, input, attempts, max_attempts, timeout_s, retry_safe, tenant, created_at,
-          claimed_at, mode_effective AS mode, execution_id, execution_started_at AS started_at
 
 -- name: start_execution --
 -- The start CAS: owner, epoch and token must match an unstarted claim.
@@ -160,7 +164,10 @@ UPDATE jobs
        updated_at = {now}
  WHERE id = ?1 AND state = 'queued' AND owner = ?2 AND claimed_at IS NOT NULL AND epoch = ?3 AND token = ?4
    AND execution_id IS NULL AND execution_started_at IS NULL
-RETURNING attempts, execution_started_at AS started_at
+
+-- name: started_job --
+-- What a matched start answers (read back after start_execution, in its transaction).
+SELECT attempts, execution_started_at AS started_at FROM jobs WHERE id = ?1
 
 -- name: insert_event --
 -- Append one event (callers have checked the fence inside the same transaction).
@@ -186,7 +193,12 @@ UPDATE jobs
        finished_at = CASE WHEN ?5 = 'scheduled' THEN NULL ELSE {now} END,
        updated_at = {now}
  WHERE id = ?1 AND execution_id = ?2 AND epoch = ?3 AND token = ?4 AND state IN ('running', 'waiting')
-RETURNING next_attempt_at, tenant, CASE WHEN state <> 'scheduled' THEN concurrency_key END AS passes_key
+
+-- name: finished_job --
+-- What a matched finish needs of its job (read back after finish_execution, in its transaction): when a retry is
+-- due, its tenant, and the concurrency key whose turn passes on (none for a retry: it keeps its place).
+SELECT next_attempt_at, tenant, CASE WHEN state <> 'scheduled' THEN concurrency_key END AS passes_key
+  FROM jobs WHERE id = ?1
 
 -- name: insert_execution --
 -- The record of one attempt, written when it ends.

@@ -22,7 +22,7 @@ from tenure.backends.sqlite._connection import NOW, Q, SqliteConnection, split_s
 from tenure.backends.sqlite._gate import admission_state_in, check_gate
 from tenure.backends.sqlite._registry import RegistryOps
 from tenure.backends.sqlite._state_pages import per_state
-from tenure.backends.sqlite._writes import claim_and_start_in, finish_in, start_in
+from tenure.backends.sqlite._writes import changed, claim_and_start_in, finish_in, insert_in, start_in
 from tenure.backends.sqlite.audit import AuditWrites, edit_input, insert_budget
 from tenure.contracts.errors import IllegalTransition, NotFound
 from tenure.contracts.profile import WorkerRecord
@@ -156,37 +156,9 @@ class SqliteStore(keys.SchedulingReads, AuditWrites, RegistryOps, ChildReads):
                 if j.concurrency_key is not None:  # a replay answers its original job and changes nothing
                     found = db.execute(Q["jobs_by_idem"], (j.tenant, j.idem_digest)).fetchone()
                     plan = None if found is not None else keys.plan(db, j)
-                cur = db.execute(
-                    Q["insert_job"],
-                    (
-                        j.id,
-                        j.tenant,
-                        j.agent,
-                        j.input_json,
-                        j.priority,
-                        ",".join(j.requires),
-                        j.idem_digest,
-                        j.request_fingerprint,
-                        j.deadline_s,
-                        j.max_attempts,
-                        j.timeout_s,
-                        int(j.retry_safe),
-                        j.concurrency_key,
-                        j.key_limit,
-                        int(plan is not None and plan.wait),
-                        j.mode_requested,
-                        j.mode_effective,
-                        j.degraded_reason,
-                        j.fair_step,
-                        j.parent_job_id,
-                        j.parent_execution_id,
-                        j.preferred_worker,
-                        j.preferred_grace_s,
-                        j.route_json,
-                    ),
-                )
-                row = cur.fetchone()
-                if row is not None:
+                inserted = insert_in(db, j, key_wait=plan is not None and plan.wait)
+                if inserted:
+                    row = inserted[0]
                     if j.budget_json is not None:
                         insert_budget(db, j.id, j.budget_json)
                     flagged = () if plan is None else keys.apply(db, j, plan)
@@ -245,7 +217,8 @@ class SqliteStore(keys.SchedulingReads, AuditWrites, RegistryOps, ChildReads):
             # Probe without the write lock first: an idle poll must not queue behind busy writers.
             if conn.db.execute(claim_sql("claim_probe", len(agents)), args[:4]).fetchone() is None:
                 return []
-            return conn.tx(lambda db: db.execute(claim_sql("claim_jobs", len(agents)), args).fetchall(), durable=False)
+            claimed = claim_sql("claim_jobs", len(agents))
+            return conn.tx(lambda db: changed(db, claimed, args, Q["claimed_jobs"], (worker_id, token)), durable=False)
 
         rows = await conn.run(fn, "claim")
         return [_rows.claim(r, token) for r in rows]
