@@ -7,6 +7,7 @@ the attempt counter it increments). What is decided here is everything a reader 
 across two files in two languages:
 
     check_lease_args     the argument errors of every `Leases` backend (SQLite, PostgreSQL, Redis)
+    job_values           a new job's 24 insert parameters, in the order both enqueue statements take them
     CIRCUIT_KEEP_S       how long a circuit's failures are kept (the longest window)
     pending_migrations   which numbered migrations a database needs, or why it cannot be migrated
     lost_outcome         the sweeper's decision for an execution whose owner stopped heartbeating, and its event
@@ -290,3 +291,35 @@ def record_params(record: WorkerRecord | None) -> tuple[float | None, float | No
     if record is None:
         return None, None, None
     return record.success_rate, record.latency_ms, record.consecutive_timeouts
+
+
+def job_values(j: NewJob, key_wait: bool) -> tuple[Any, ...]:
+    """The 24 parameters of a new job's insert, in the order both dialects' enqueue statements take them
+    (PostgreSQL's `enqueue_jobs` as parallel arrays, SQLite's `insert_job` per row). `key_wait`: its concurrency key
+    has no free turn (decided under the key's lock, one job at a time)."""
+    return (
+        j.id,
+        j.tenant,
+        j.agent,
+        j.input_json,
+        j.priority,
+        ",".join(j.requires),
+        j.idem_digest,
+        j.request_fingerprint,
+        j.deadline_s,
+        j.max_attempts,
+        j.timeout_s,
+        j.retry_safe,
+        j.concurrency_key,
+        j.key_limit,
+        key_wait,
+        j.mode_requested,
+        j.mode_effective,
+        j.degraded_reason,
+        j.fair_step,
+        j.parent_job_id,
+        j.parent_execution_id,
+        j.preferred_worker,
+        j.preferred_grace_s,
+        j.route_json,
+    )

@@ -43,38 +43,7 @@ def starts(starts: Sequence[Start]) -> tuple[list[str], list[int], list[int], li
 def jobs(jobs: Sequence[NewJob], key_wait: bool = False) -> list[list[Any]]:
     """The columns of `enqueue_jobs` (inserts take no row locks: admission order is kept). `key_wait`: keyed
     jobs wait for their key's turn (decided by `_rules.key_plan` under the key's lock, one job at a time)."""
-    return columns(
-        (
-            (
-                j.id,
-                j.tenant,
-                j.agent,
-                j.input_json,
-                j.priority,
-                ",".join(j.requires),
-                j.idem_digest,
-                j.request_fingerprint,
-                j.deadline_s,
-                j.max_attempts,
-                j.timeout_s,
-                j.retry_safe,
-                j.concurrency_key,
-                j.key_limit,
-                key_wait,
-                j.mode_requested,
-                j.mode_effective,
-                j.degraded_reason,
-                j.fair_step,
-                j.parent_job_id,
-                j.parent_execution_id,
-                j.preferred_worker,
-                j.preferred_grace_s,
-                j.route_json,
-            )
-            for j in jobs
-        ),
-        24,
-    )
+    return columns((_rules.job_values(j, key_wait) for j in jobs), 24)
 
 
 def gate(ask: GateAsk | None) -> list[Any]:

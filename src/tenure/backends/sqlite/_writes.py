@@ -30,33 +30,7 @@ def changed(
 def insert_in(db: sqlite3.Connection, j: NewJob, key_wait: bool) -> list[sqlite3.Row]:
     """Insert one job inside the caller's write transaction: the row as inserted (get_job's columns), or nothing
     when its (tenant, idempotency digest) existed. `key_wait`: its concurrency key has no free turn (keys.plan)."""
-    args = (
-        j.id,
-        j.tenant,
-        j.agent,
-        j.input_json,
-        j.priority,
-        ",".join(j.requires),
-        j.idem_digest,
-        j.request_fingerprint,
-        j.deadline_s,
-        j.max_attempts,
-        j.timeout_s,
-        int(j.retry_safe),
-        j.concurrency_key,
-        j.key_limit,
-        int(key_wait),
-        j.mode_requested,
-        j.mode_effective,
-        j.degraded_reason,
-        j.fair_step,
-        j.parent_job_id,
-        j.parent_execution_id,
-        j.preferred_worker,
-        j.preferred_grace_s,
-        j.route_json,
-    )
-    return changed(db, Q["insert_job"], args, Q["get_job"], (j.id, None))
+    return changed(db, Q["insert_job"], _rules.job_values(j, key_wait), Q["get_job"], (j.id, None))
 
 
 def finish_in(db: sqlite3.Connection, worker_id: str, finishes: Sequence[Finish]) -> list[str]:
