@@ -2,10 +2,10 @@
 -- processes), so a conditional update and the reads before it see one consistent database.
 -- `{now}` is replaced at load time by SQLite's clock in epoch seconds.
 -- The writes on the job path (the insert, the claim, the start, the finish) have no RETURNING clause: SQLite
--- (3.40) gives each statement with one an ephemeral table of its own, 30-55 us per statement on this schema
--- against 20 us for the same write and a read of the row by its key in the same transaction (bench/README.md,
--- session 17). They are read back by key instead (`changed` in _writes.py), as the RETURNING clause would have
--- answered: after the write, before anything else in the transaction.
+-- (3.40) gives each statement with one an ephemeral table of its own. On this schema the finish's UPDATE with it
+-- took 50-59 us, the same UPDATE and a read of the row by its key 20 us; the insert 101-104 us against 45-47
+-- without (bench/README.md, session 17). They are read back by key instead (`changed` in _writes.py), as the
+-- RETURNING clause would have answered: after the write, before anything else in the transaction.
 
 -- name: insert_job --
 -- Insert one job unless its (tenant, idempotency digest) exists; the caller reads the row as inserted back with
